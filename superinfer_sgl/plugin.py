@@ -1,0 +1,32 @@
+"""SGLang plugin entry point (group `sglang.srt.plugins`), loaded in every SGLang process.
+
+Installed in a venv, this module is loaded by stock `python -m sglang.launch_server` as well, so it
+must stay inert there: it installs our hooks only when our launcher put SUPERINFER_SGL_CONFIG into
+the environment. The CPU-compatibility patch has its own switch (SUPERINFER_CPU_COMPAT=1) so that
+stock SGLang can serve on a CPU as the A/B baseline with nothing else changed.
+"""
+
+from __future__ import annotations
+
+import os
+
+CPU_COMPAT_ENV = "SUPERINFER_CPU_COMPAT"
+
+
+def cpu_compat_enabled(environ: dict[str, str] | None = None) -> bool:
+    return (environ if environ is not None else os.environ).get(CPU_COMPAT_ENV) == "1"
+
+
+def load() -> None:
+    from .config import SuperInferConfig
+
+    if cpu_compat_enabled():
+        from superinfer_patches import rotary_embedding_cpu
+
+        rotary_embedding_cpu.register()
+    cfg = SuperInferConfig.from_env()
+    if cfg is None:
+        return
+    from .integration import install
+
+    install(cfg)

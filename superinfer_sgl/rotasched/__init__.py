@@ -1,0 +1,30 @@
+"""RotaSched: SLO-aware rotary scheduling policy (pure Python, standard library only)."""
+
+from superinfer_sgl.rotasched.lvf import Decision, lvf_decide
+from superinfer_sgl.rotasched.slo import (
+    DEFAULT_CLASSES,
+    DEFAULT_SLO,
+    Slo,
+    SloClasses,
+    SloError,
+    resolve_slo,
+)
+from superinfer_sgl.rotasched.state import ReqState, ReqView
+from superinfer_sgl.rotasched.sync import DecisionSync
+from superinfer_sgl.rotasched.vlt import VltParams, vlt
+
+__all__ = [
+    "DEFAULT_CLASSES",
+    "DEFAULT_SLO",
+    "Decision",
+    "DecisionSync",
+    "ReqState",
+    "ReqView",
+    "Slo",
+    "SloClasses",
+    "SloError",
+    "VltParams",
+    "lvf_decide",
+    "resolve_slo",
+    "vlt",
+]

@@ -1,0 +1,161 @@
+"""Per-request SLOs: server default, named SLO classes, and per-request overrides.
+
+A request selects its SLO through SGLang's `custom_params` with our keys only:
+`slo_class` (a class name), `ttft_slo_ms` and `tbt_slo_ms` (explicit overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+SLO_CLASS_KEY = "slo_class"
+TTFT_KEY = "ttft_slo_ms"
+TBT_KEY = "tbt_slo_ms"
+
+DEFAULT_CLASSES = json.dumps(
+    {
+        "interactive": {"ttft_ms": 1000, "tbt_ms": 50},
+        "standard": {"ttft_ms": 5000, "tbt_ms": 100},
+        "batch": {"ttft_ms": 30000, "tbt_ms": 500},
+    }
+)
+
+
+class SloError(ValueError):
+    """A bad SLO setting; `field` names the offending key so the client can fix it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"invalid SLO field {field!r}: {message}")
+        self.field = field
+
+
+def _positive_ms(field: str, value: object) -> float:
+    """A finite, strictly positive number of milliseconds, or SloError naming `field`."""
+    if isinstance(value, bool):  # bool is an int subclass: True would read as 1 ms
+        raise SloError(field, f"expected a number of milliseconds, got bool {value}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise SloError(field, f"expected a number of milliseconds, got {value!r}") from None
+    if not isinstance(value, (int, float)):
+        raise SloError(field, f"expected a number of milliseconds, got {type(value).__name__}")
+    try:
+        ms = float(value)
+    except OverflowError:
+        raise SloError(field, "number is too large") from None
+    if not math.isfinite(ms) or ms <= 0:
+        raise SloError(field, f"must be finite and > 0, got {ms}")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Latency targets of one request: time to first token and time between tokens."""
+
+    ttft_ms: float
+    tbt_ms: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ttft_ms", _positive_ms("ttft_ms", self.ttft_ms))
+        object.__setattr__(self, "tbt_ms", _positive_ms("tbt_ms", self.tbt_ms))
+
+    @property
+    def ttft_s(self) -> float:
+        return self.ttft_ms / 1000.0
+
+    @property
+    def tbt_s(self) -> float:
+        return self.tbt_ms / 1000.0
+
+
+DEFAULT_SLO = Slo(ttft_ms=5000.0, tbt_ms=100.0)  # paper defaults: TTFT 5 s, TBT 100 ms
+
+
+class SloClasses(Mapping[str, Slo]):
+    """Named SLO classes (e.g. interactive chat vs batch extraction) served by one server."""
+
+    def __init__(self, classes: Mapping[str, Slo]) -> None:
+        self._classes = dict(classes)
+
+    def __getitem__(self, name: str) -> Slo:
+        return self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+    def __repr__(self) -> str:
+        return f"SloClasses({self._classes!r})"
+
+    @classmethod
+    def parse(cls, text_or_path: str, default: Slo = DEFAULT_SLO) -> SloClasses:
+        """Read a JSON object (inline, or a path to a file) of name -> {ttft_ms, tbt_ms}.
+
+        A class may omit one of the two keys; it then falls back to `default`.
+        """
+        raw = _load_json(text_or_path)
+        if not isinstance(raw, dict):
+            raise SloError("slo_classes", "expected a JSON object of name -> {ttft_ms, tbt_ms}")
+        return cls({name: _parse_class(name, body, default) for name, body in raw.items()})
+
+
+def _load_json(text_or_path: str) -> object:
+    text = text_or_path.strip()
+    if not text.startswith("{"):
+        try:
+            text = Path(text).read_text()
+        except OSError as e:
+            msg = f"not a JSON object and not a readable file: {e}"
+            raise SloError("slo_classes", msg) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SloError("slo_classes", f"bad JSON: {e}") from None
+
+
+def _parse_class(name: str, body: object, default: Slo) -> Slo:
+    if not name:
+        raise SloError("slo_classes", "class name must be non-empty")
+    if not isinstance(body, dict):
+        raise SloError(name, "expected an object with ttft_ms and/or tbt_ms")
+    unknown = sorted(set(body) - {"ttft_ms", "tbt_ms"})
+    if unknown:
+        raise SloError(f"{name}.{unknown[0]}", "unknown key; expected ttft_ms or tbt_ms")
+    if not body:
+        raise SloError(name, "set ttft_ms, tbt_ms or both")
+    ttft = _positive_ms(f"{name}.ttft_ms", body.get("ttft_ms", default.ttft_ms))
+    tbt = _positive_ms(f"{name}.tbt_ms", body.get("tbt_ms", default.tbt_ms))
+    return Slo(ttft, tbt)
+
+
+def resolve_slo(
+    custom_params: Mapping[str, object] | None, default: Slo, classes: SloClasses
+) -> Slo:
+    """The SLO of one request: class first, then explicit keys override; other keys ignored.
+
+    A key whose value is None counts as absent (clients often send JSON nulls).
+    """
+    if custom_params is None:
+        return default
+    if not isinstance(custom_params, Mapping):
+        raise SloError("custom_params", f"expected an object, got {type(custom_params).__name__}")
+    base = default
+    name = custom_params.get(SLO_CLASS_KEY)
+    if name is not None:
+        if not isinstance(name, str):
+            raise SloError(SLO_CLASS_KEY, f"expected a class name, got {type(name).__name__}")
+        if name not in classes:
+            raise SloError(SLO_CLASS_KEY, f"unknown class {name!r}; known: {sorted(classes)}")
+        base = classes[name]
+    ttft, tbt = custom_params.get(TTFT_KEY), custom_params.get(TBT_KEY)
+    return Slo(
+        base.ttft_ms if ttft is None else _positive_ms(TTFT_KEY, ttft),
+        base.tbt_ms if tbt is None else _positive_ms(TBT_KEY, tbt),
+    )

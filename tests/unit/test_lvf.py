@@ -1,0 +1,190 @@
+"""LVF (Algorithm 1), hand-worked scenarios.
+
+Clock at NOW = 100 s, paper defaults (alpha 3, beta_ttft 0.5, beta_tbt 0) and TTFT 5 s,
+so a waiting request has 2.5 s of slack: arrival 96 -> VLT 1.5, arrival 99 -> VLT 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView, VltParams, lvf_decide
+
+NOW = 100.0
+P = VltParams()
+
+
+def waiting(rid: str, arrival: float, need: int, ttft: float = 5.0) -> ReqView:
+    return ReqView(rid, ReqState.WAITING, arrival, None, None, ttft, 0.1, need, 0)
+
+
+def rotary(rid: str, last_token: float, need: int, arrival: float = 90.0) -> ReqView:
+    return ReqView(rid, ReqState.ROTARY, arrival, last_token, None, 5.0, 0.1, need, 0)
+
+
+def running(rid: str, run_start: float, held: int, rotatable: bool = True) -> ReqView:
+    return ReqView(rid, ReqState.RUNNING, 80.0, NOW - 0.05, run_start, 5.0, 0.1, 0, held, rotatable)
+
+
+def decide(views: list[ReqView], free: int, budget: int = 100, params: VltParams = P) -> Decision:
+    return lvf_decide(views, free, budget, NOW, params)
+
+
+def test_no_contention_is_fcfs() -> None:
+    views = [waiting("a", 99.9, 10), running("r", 95.0, 50), waiting("b", 99.5, 5),
+             rotary("c", 99.0, 8, arrival=90.0)]
+    d = decide(views, free=23)
+    assert d == Decision(admit=("b", "a"), resume=("c",), rotate_out=(), contention=False)
+
+
+def test_no_contention_resumes_within_inbound_budget() -> None:
+    views = [rotary("c", 99.0, 8, arrival=90.0), rotary("d", 99.0, 3, arrival=91.0),
+             waiting("w", 99.0, 20)]
+    d = decide(views, free=100, budget=5)
+    assert (d.admit, d.resume, d.contention) == (("w",), ("d",), False)
+
+
+def test_nothing_pending_is_noop() -> None:
+    d = decide([running("r", 90.0, 10)], free=0)
+    assert d.is_noop and not d.contention
+
+
+def test_positive_vlt_displaces_longest_running() -> None:
+    views = [waiting("w", 96.0, 4), running("young", 99.0, 4), running("old", 95.0, 4)]
+    d = decide(views, free=0)
+    assert d == Decision(admit=("w",), resume=(), rotate_out=("old",), contention=True)
+
+
+def test_rotates_out_only_what_is_needed() -> None:
+    views = [waiting("w", 96.0, 6), running("r1", 90.0, 4), running("r2", 91.0, 4),
+             running("r3", 92.0, 4)]
+    d = decide(views, free=1)
+    assert d.rotate_out == ("r1", "r2")  # 1 free + 8 freed >= 6; r3 keeps running
+
+
+def test_zero_vlt_does_not_displace() -> None:
+    views = [waiting("w", 99.0, 4), running("r", 95.0, 4)]
+    d = decide(views, free=0)
+    assert d.is_noop and d.contention
+
+
+def test_zero_vlt_uses_free_memory_oldest_first() -> None:
+    views = [waiting("w0", 99.0, 4), waiting("w1", 98.5, 4), running("r", 95.0, 4)]
+    d = decide(views, free=4)
+    assert (d.admit, d.rotate_out) == (("w1",), ())
+
+
+def test_zero_vlt_gets_no_memory_a_displacer_took() -> None:
+    views = [waiting("hot", 96.0, 6), waiting("zero", 99.0, 1), running("r", 95.0, 4)]
+    d = decide(views, free=4)
+    assert (d.admit, d.rotate_out) == (("hot",), ("r",))
+
+
+def test_skip_and_continue_when_not_fitting() -> None:
+    views = [waiting("big", 95.0, 10), waiting("small", 96.0, 5)]
+    d = decide(views, free=5, budget=0)
+    assert d.admit == ("small",)
+
+
+def test_skip_when_beyond_free_plus_budget() -> None:
+    views = [waiting("big", 95.0, 10), waiting("small", 96.0, 4), running("r", 90.0, 4)]
+    d = decide(views, free=0, budget=6)
+    assert (d.admit, d.rotate_out) == (("small",), ("r",))
+
+
+def test_rotary_and_waiting_compete_on_one_scale() -> None:
+    # Waiting VLT 1.5; rotary paused 0.6 s: alpha 3 -> 1.8 wins, alpha 1 -> 0.6 loses.
+    views = [waiting("w", 96.0, 4), rotary("x", 99.4, 4)]
+    d = decide(views, free=4)
+    assert (d.admit, d.resume) == ((), ("x",))
+    d = decide(views, free=4, params=VltParams(alpha=1.0))
+    assert (d.admit, d.resume) == (("w",), ())
+
+
+def test_inbound_budget_limits_resumes() -> None:
+    # x1 (VLT 3) needs 5 > budget 4: skipped; x2 (1.5, older than w) resumes; w fits in free.
+    views = [rotary("x1", 99.0, 5), rotary("x2", 99.5, 4, arrival=90.0), waiting("w", 96.0, 6)]
+    d = decide(views, free=10, budget=4)
+    assert d == Decision(admit=("w",), resume=("x2",), rotate_out=(), contention=True)
+
+
+def test_outbound_budget_limits_rotate_outs() -> None:
+    # "old" holds 8 > budget 5: skipped; "mid" (5) goes instead.
+    views = [waiting("w", 96.0, 4), running("old", 90.0, 8), running("mid", 95.0, 5)]
+    d = decide(views, free=0, budget=5)
+    assert (d.admit, d.rotate_out) == (("w",), ("mid",))
+
+
+def test_non_rotatable_is_never_rotated_out() -> None:
+    views = [waiting("w", 96.0, 4), running("chunked", 90.0, 8, rotatable=False),
+             running("r", 99.0, 4)]
+    d = decide(views, free=0)
+    assert d.rotate_out == ("r",)
+
+
+def test_withdraws_lowest_vlt_when_tail_falls_short() -> None:
+    # a (VLT 3) and b (VLT 2) need 6; only "r" (4) can leave: a stays, b is withdrawn.
+    views = [waiting("a", 94.5, 3), waiting("b", 95.5, 3), running("r", 90.0, 4),
+             running("pinned", 80.0, 50, rotatable=False)]
+    d = decide(views, free=0)
+    assert (d.admit, d.rotate_out) == (("a",), ("r",))
+
+
+def test_withdrawal_refits_a_smaller_request() -> None:
+    # a (need 10) can never fit in the 4 freeable blocks; b still gets in behind it.
+    views = [waiting("a", 94.5, 10), waiting("b", 95.5, 2), running("r1", 90.0, 2),
+             running("r2", 95.0, 2)]
+    d = decide(views, free=0)
+    assert (d.admit, d.rotate_out) == (("b",), ("r1",))  # r2 is no longer needed
+
+
+def test_withdrawal_of_everything_rotates_nobody() -> None:
+    views = [waiting("a", 94.5, 6), running("r", 90.0, 4)]
+    d = decide(views, free=0)
+    assert d.is_noop and d.contention
+
+
+def test_ties_break_by_arrival() -> None:
+    # Both VLT 2.5 (5 - 2.5 and 4 - 1.5): the older one wins the single slot.
+    views = [waiting("young", 96.0, 4, ttft=3.0), waiting("old", 95.0, 4, ttft=5.0)]
+    d = decide(views, free=4)
+    assert d.admit == ("old",)
+
+
+def test_admission_order_is_vlt_order() -> None:
+    views = [waiting("w1", 96.0, 1), waiting("w3", 94.0, 1), waiting("w2", 95.0, 1),
+             running("r", 90.0, 4)]
+    d = decide(views, free=0)
+    assert d.admit == ("w3", "w2", "w1")
+
+
+def test_input_order_does_not_matter() -> None:
+    views = [waiting("a", 94.5, 3), rotary("x", 99.5, 2), waiting("b", 95.5, 3),
+             running("r1", 90.0, 4), running("r2", 92.0, 3)]
+    assert decide(views, free=1) == decide(views[::-1], free=1)
+
+
+def test_duplicate_rid_rejected() -> None:
+    with pytest.raises(AssertionError):
+        decide([waiting("a", 96.0, 1), waiting("a", 95.0, 1)], free=0)
+
+
+def test_policy_imports_only_stdlib() -> None:
+    # The policy must stay importable without torch/sglang/numpy (CPU tests, reuse).
+    pkg = Path(__file__).resolve().parents[2] / "superinfer_sgl" / "rotasched"
+    for path in pkg.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                ours = name.startswith("superinfer_sgl.rotasched")
+                assert ours or top in sys.stdlib_module_names, f"{path.name} imports {name}"
