@@ -50,6 +50,13 @@ class SuperInferConfig:
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
         if self.rotary_pool_gb is not None:
             _require(self.rotary_pool_gb > 0, "rotary_pool_gb", "must be > 0")
+        if self.slo_classes is not None:
+            from .rotasched.slo import Slo, SloClasses, SloError
+
+            try:
+                SloClasses.parse(self.slo_classes, default=Slo(self.ttft_slo_ms, self.tbt_slo_ms))
+            except SloError as exc:
+                raise ConfigError(f"--slo-classes: {exc}") from None
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

@@ -26,6 +26,8 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 def check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the HTTP server itself: connections lingering in TIME_WAIT do not block a restart.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -7,7 +7,7 @@ SGLang process (main, scheduler, detokenizer) when our launcher enabled us.
 from __future__ import annotations
 
 from ..config import SuperInferConfig
-from . import handshake
+from . import handshake, hooks as _hooks
 
 # Every hook we install, by target; reported back by each scheduler rank in the startup handshake.
 INSTALLED: list[str] = []
@@ -16,6 +16,7 @@ INSTALLED: list[str] = []
 def install(cfg: SuperInferConfig) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    for target, hook, kind in handshake.hooks(cfg, INSTALLED):
-        HookRegistry.register(target, hook, kind)
-        INSTALLED.append(target)
+    for source in (handshake.hooks(cfg, INSTALLED), _hooks.hooks(cfg)):
+        for target, hook, kind in source:
+            HookRegistry.register(target, hook, kind)
+            INSTALLED.append(target)

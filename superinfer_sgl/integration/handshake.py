@@ -31,6 +31,7 @@ def hooks(cfg: SuperInferConfig, installed: list[str]) -> Iterator[tuple[str, Ca
             "scheduler": cfg.scheduler,
             "hooks": list(installed),
             "tp_rank": getattr(scheduler, "tp_rank", None),
+            "rotation": _rotation_status(scheduler),
         }
         return result
 
@@ -40,6 +41,15 @@ def hooks(cfg: SuperInferConfig, installed: list[str]) -> Iterator[tuple[str, Ca
 
     yield SCHEDULER_INFO, report, HookType.AFTER
     yield LAUNCH, verify, HookType.AFTER
+
+
+def _rotation_status(scheduler: Any) -> str:
+    rt = getattr(scheduler, "_superinfer", None)
+    if rt is None:
+        return "missing runtime"
+    if rt.engine is not None:
+        return f"on ({rt.engine.transfer})"
+    return rt.disabled_reason or "off"
 
 
 def verify_scheduler_infos(infos: list[dict[str, Any]], cfg: SuperInferConfig) -> None:
@@ -52,5 +62,7 @@ def verify_scheduler_infos(infos: list[dict[str, Any]], cfg: SuperInferConfig) -
                 f"scheduler {i} runs without superinfer_sgl hooks (is the plugin installed in this "
                 "venv and allowed by SGLANG_PLUGINS?)"
             )
+        if ours.get("rotation") == "missing runtime":
+            raise HooksNotLiveError(f"scheduler {i} has our plugin but no RotaSched runtime attached")
         if ours.get("scheduler") != cfg.scheduler:
             raise HooksNotLiveError(f"scheduler {i} runs {ours.get('scheduler')!r}, expected {cfg.scheduler!r}")

@@ -1,0 +1,188 @@
+"""Host side of DuplexKV: a block allocator with reference counts and the block-first host KV pool.
+
+One host block holds block_tokens tokens of every layer, K and V, contiguous
+([layers, 2, block_tokens, kv_heads, head_dim]), so a rotation moves MB-sized segments instead of
+the per-layer pieces that keep PCIe far below peak. Independent of SGLang.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import weakref
+from collections.abc import Iterable
+
+import torch
+
+
+class HostPoolFull(RuntimeError):
+    """Not enough free host blocks; nothing was allocated."""
+
+
+class HostPinError(RuntimeError):
+    """Page-locking the host pool was requested but failed."""
+
+
+class BlockAllocator:
+    """Free list plus reference counts over block ids 0..num_blocks-1.
+
+    alloc() hands out the lowest free ids (a min-heap), so fresh allocations tend to be contiguous
+    runs, which the DMA path copies with one call per run.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free: list[int] = list(range(num_blocks))  # sorted, hence already a heap
+        self._refs: list[int] = [0] * num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def refcount(self, block: int) -> int:
+        self._check_id(block)
+        return self._refs[block]
+
+    def alloc(self, n: int) -> list[int]:
+        """n blocks with reference count 1, or HostPoolFull (and no change) if fewer are free."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} blocks")
+        if n > len(self._free):
+            raise HostPoolFull(f"need {n} host blocks, {len(self._free)} of {self.num_blocks} free")
+        ids = [heapq.heappop(self._free) for _ in range(n)]
+        for b in ids:
+            self._refs[b] = 1
+        return ids
+
+    def incref(self, ids: Iterable[int]) -> None:
+        ids = list(ids)
+        for b in ids:
+            self._check_used(b)
+        for b in ids:
+            self._refs[b] += 1
+
+    def decref(self, ids: Iterable[int]) -> None:
+        """Drop one reference each; a block whose count reaches 0 is free again. Validates first,
+        so a double free raises without changing anything."""
+        ids = list(ids)
+        drops: dict[int, int] = {}
+        for b in ids:
+            drops[b] = drops.get(b, 0) + 1
+            self._check_used(b)
+            if drops[b] > self._refs[b]:
+                raise ValueError(f"double free of host block {b} (refcount {self._refs[b]})")
+        for b in ids:
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                heapq.heappush(self._free, b)
+
+    free = decref
+
+    def check_invariants(self) -> None:
+        """Every block is free with count 0 or used with count >= 1; the free list has no duplicates."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "duplicate ids in the free list"
+        for b, r in enumerate(self._refs):
+            assert (b in free) == (r == 0), f"block {b}: refcount {r}, in free list: {b in free}"
+            assert r >= 0, f"block {b}: negative refcount {r}"
+
+    def _check_id(self, block: int) -> None:
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"host block id {block} out of range [0, {self.num_blocks})")
+
+    def _check_used(self, block: int) -> None:
+        self._check_id(block)
+        if self._refs[block] == 0:
+            raise ValueError(f"host block {block} is not allocated")
+
+
+class HostKVPool:
+    """Block-first host KV memory [num_blocks, layers, 2, block_tokens, kv_heads, head_dim] + allocator.
+
+    pin=None pins when CUDA is available (DMA and kernels need page-locked memory to reach full
+    bandwidth and to address it from the device); pin=True insists and raises HostPinError if it
+    cannot; pin=False never pins.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        block_tokens: int,
+        dtype: torch.dtype,
+        pin: bool | None = None,
+    ) -> None:
+        if min(num_blocks, layers, kv_heads, head_dim, block_tokens) < 1:
+            raise ValueError("num_blocks, layers, kv_heads, head_dim and block_tokens must all be >= 1")
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.block_tokens, self.dtype = block_tokens, dtype
+        self.data = torch.empty((num_blocks, layers, 2, block_tokens, kv_heads, head_dim), dtype=dtype)
+        want_pin = torch.cuda.is_available() if pin is None else pin
+        self.pinned = _pin(self.data) if want_pin else False
+        self.allocator = BlockAllocator(num_blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.data.element_size()
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_tokens * self.bytes_per_token
+
+    def blocks_for_tokens(self, n: int) -> int:
+        return math.ceil(n / self.block_tokens)
+
+    @staticmethod
+    def default_num_blocks(
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        block_tokens: int,
+        dtype: torch.dtype,
+        *,
+        free_ram_fraction: float = 0.5,
+        gb: float | None = None,
+    ) -> int:
+        """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        block_bytes = layers * 2 * block_tokens * kv_heads * head_dim * elem
+        budget = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
+        return max(1, int(budget // block_bytes))
+
+
+def _available_ram_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil ships with SGLang; the bare GPU benchmark image may lack it
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pin(data: torch.Tensor) -> bool:
+    """Page-lock `data` in place. cudaHostRegister avoids the caching host allocator, which rounds
+    pinned allocations up to a power of two (a 40 GiB pool would take 64 GiB)."""
+    if not torch.cuda.is_available():
+        raise HostPinError("pin=True but CUDA is not available, so host memory cannot be page-locked")
+    nbytes = data.numel() * data.element_size()
+    cudart = torch.cuda.cudart()
+    # flags: cudaHostRegisterPortable | cudaHostRegisterMapped (device-addressable for direct kernels)
+    err = cudart.cudaHostRegister(data.data_ptr(), nbytes, 3)
+    if int(err) != 0 or not data.is_pinned():
+        raise HostPinError(f"cudaHostRegister of {nbytes / 2**30:.2f} GiB host KV pool failed ({err})")
+    weakref.finalize(data, cudart.cudaHostUnregister, data.data_ptr())
+    return True

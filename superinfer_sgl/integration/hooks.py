@@ -1,0 +1,103 @@
+"""Every HookRegistry hook we install into SGLang, with the reason each one exists."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ..config import SuperInferConfig
+from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
+
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+META_KEY = "superinfer"
+
+# The scheduler process hosts exactly one Scheduler; its runtime is reachable from hooks that
+# do not receive the scheduler (the output streamer, batch retraction).
+_RUNTIME: Any = None
+
+
+def runtime() -> Any:
+    return _RUNTIME
+
+
+def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]]:
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from .runtime import RotaSchedRuntime
+
+    def attach(result: None, sched: Any, *args: Any, **kwargs: Any) -> None:
+        global _RUNTIME
+        _RUNTIME = sched._superinfer = RotaSchedRuntime(sched, cfg)
+
+    def around_prefill(original: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
+        return sched._superinfer.around_prefill(original, sched, running_batch)
+
+    def before_abort(sched: Any, recv_req: Any) -> None:
+        sched._superinfer.before_abort(recv_req)
+
+    def idle(result: bool, sched: Any, *args: Any, **kwargs: Any) -> bool:
+        # A rotary request waits on nobody: never let the loop sleep or run idle checks over it.
+        return bool(result) and not sched._superinfer.has_work()
+
+    def count_retractions(result: tuple, *args: Any, **kwargs: Any) -> None:
+        if _RUNTIME is not None:
+            _RUNTIME.stats.sglang_retractions += len(result[0])
+
+    yield f"{SCHED}.__init__", attach, HookType.AFTER
+    yield f"{SCHED}.get_new_batch_prefill", around_prefill, HookType.AROUND
+    yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
+    yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
+    yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", count_retractions, HookType.AFTER
+    yield STREAMER, _streamer_class(), HookType.REPLACE
+    yield "sglang.srt.sampling.sampling_params.SamplingParams.verify", _slo_verify(cfg), HookType.AFTER
+    yield f"{TOKENIZER}.update_request_meta_info", _unwrap_meta, HookType.AROUND
+
+
+def _streamer_class() -> type:
+    """SGLang's output streamer plus one request-level meta_info entry, sent when a request ends."""
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    class SuperInferOutputStreamer(SchedulerOutputStreamer):
+        __slots__ = ()
+        has_additional_customized_info = True
+
+        def build_additional_customized_info(self, reqs: list[Any]) -> dict[str, list]:
+            rt = _RUNTIME
+            values: list[list[dict[str, object]]] = []
+            for req in reqs:
+                info = rt.on_finished(req) if rt is not None and req.finished() else None
+                values.append([info] if info is not None else [])
+            return {META_KEY: values}
+
+        def is_request_level_customized_info_key(self, key: str) -> bool:
+            return key == META_KEY or super().is_request_level_customized_info_key(key)
+
+    return SuperInferOutputStreamer
+
+
+def _unwrap_meta(original: Callable[..., Any], self: Any, meta_info: dict, *args: Any, **kwargs: Any) -> Any:
+    # SGLang accumulates customized info into a list; ours is one dict per request.
+    result = original(self, meta_info, *args, **kwargs)
+    value = meta_info.get(META_KEY)
+    if isinstance(value, list):
+        if value:
+            meta_info[META_KEY] = value[-1]
+        else:
+            meta_info.pop(META_KEY)
+    return result
+
+
+def _slo_verify(cfg: SuperInferConfig) -> Callable[..., None]:
+    """Validate our custom_params keys where SGLang validates sampling params (the tokenizer), so
+    a bad SLO is a 400 naming the field and never reaches the scheduler."""
+    default = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
+    classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=default)
+
+    def verify(result: None, params: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            resolve_slo(params.custom_params, default, classes)
+        except SloError as exc:
+            raise ValueError(f"invalid custom_params.{exc.field}: {exc}") from None
+
+    return verify

@@ -1,0 +1,29 @@
+"""Adapter from SGLang's MHATokenToKVPool to DuplexKV's sglang-free DevicePoolView."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..duplexkv.device_pool import DevicePoolView
+
+
+class UnsupportedKVPool(RuntimeError):
+    """The KV pool is not a per-layer K/V token pool (MLA, hybrid, ...): rotation cannot move it."""
+
+
+def device_pool_view(kvcache: Any) -> DevicePoolView:
+    k, v = getattr(kvcache, "k_buffer", None), getattr(kvcache, "v_buffer", None)
+    if not isinstance(k, list) or not isinstance(v, list) or not k:
+        raise UnsupportedKVPool(f"{type(kvcache).__name__} has no per-layer k_buffer/v_buffer lists")
+    k_ptrs = getattr(kvcache, "k_data_ptrs", None)
+    v_ptrs = getattr(kvcache, "v_data_ptrs", None)
+    if k_ptrs is None or v_ptrs is None:
+        k_ptrs = torch.tensor([b.data_ptr() for b in k], dtype=torch.uint64, device=k[0].device)
+        v_ptrs = torch.tensor([b.data_ptr() for b in v], dtype=torch.uint64, device=v[0].device)
+    _, heads, dim = k[0].shape
+    return DevicePoolView(
+        k_buffers=list(k), v_buffers=list(v), k_ptrs=k_ptrs, v_ptrs=v_ptrs,
+        layers=len(k), kv_heads=heads, head_dim=dim, dtype=k[0].dtype, device=k[0].device,
+    )

@@ -1,0 +1,327 @@
+"""RotaSched inside SGLang's scheduler: per-iteration LVF decisions turned into SGLang actions.
+
+One RotaSchedRuntime lives on each scheduler (rank). Once per iteration, just before SGLang builds
+its prefill batch, it observes every request's progress, asks the pure policy (rotasched.lvf) who
+should run, rotates running requests out to host memory, brings rotary requests back through the
+radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in LVF's order.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config import SuperInferConfig
+from ..duplexkv.engine import RotationEngine
+from ..duplexkv.host_pool import HostKVPool
+from ..rotasched import (
+    DEFAULT_CLASSES,
+    Decision,
+    DecisionSync,
+    ReqState,
+    ReqView,
+    Slo,
+    SloClasses,
+    SloError,
+    VltParams,
+    lvf_decide,
+    resolve_slo,
+    vlt,
+)
+from ..rotasched.timing import ReqClock
+from . import rotation
+from .kv_adapter import UnsupportedKVPool, device_pool_view
+
+logger = logging.getLogger(__name__)
+
+# Deterministic test knob (like SGLang's SGLANG_TEST_RETRACT): rotate the longest-running request
+# out every N scheduler iterations, independent of wall-clock timing.
+TEST_ROTATE_INTERVAL_ENV = "SUPERINFER_TEST_ROTATE_INTERVAL"
+DEFAULT_HOST_RAM_FRACTION = 0.25
+_CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
+
+
+@dataclass
+class RotationStats:
+    rotations_out: int = 0
+    resumes: int = 0
+    recompute_fallbacks: int = 0
+    sglang_retractions: int = 0
+    forced_rotations: int = 0
+    decisions: int = 0
+    contended_decisions: int = 0
+
+
+class RotaSchedRuntime:
+    def __init__(self, sched: Any, cfg: SuperInferConfig) -> None:
+        self.sched, self.cfg = sched, cfg
+        self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
+        self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
+        self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
+        self.bt = cfg.rotary_block_tokens
+        self.clocks: dict[str, ReqClock] = {}
+        self.rotary: dict[str, rotation.RotaryEntry] = {}
+        self.resume_locks: dict[str, Any] = {}
+        self.stats = RotationStats()
+        self.iteration = 0
+        self.rotate_every = int(os.environ.get(TEST_ROTATE_INTERVAL_ENV, "0") or 0)
+        self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self._broadcaster())
+        self.engine: RotationEngine | None = None
+        self.disabled_reason: str | None = None
+        if cfg.scheduler == "rotasched":
+            self._init_engine()
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _init_engine(self) -> None:
+        tree = self.sched.tree_cache
+        if getattr(tree, "disable", False) or not tree.supports_prefix_sharing():
+            self.disabled_reason = "radix cache disabled: rotation needs it; using recompute only"
+            logger.warning("superinfer: %s", self.disabled_reason)
+            return
+        try:
+            dev = device_pool_view(self.sched.token_to_kv_pool_allocator.get_kvcache())
+        except UnsupportedKVPool as exc:
+            self.disabled_reason = str(exc)
+            logger.warning("superinfer: rotation disabled: %s", exc)
+            return
+        blocks = HostKVPool.default_num_blocks(
+            dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype,
+            free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=self.cfg.rotary_pool_gb,
+        )
+        host = HostKVPool(blocks, dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype)
+        self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
+        logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s",
+                    blocks, self.bt, blocks * host.bytes_per_block / 2**30, self.engine.transfer)
+
+    def _broadcaster(self) -> Callable[[object], object]:
+        tp_size = getattr(self.sched, "tp_size", 1)
+        if tp_size <= 1:
+            return lambda obj: obj
+        from sglang.srt.utils import broadcast_pyobj
+
+        def broadcast(obj: object) -> object:
+            data = broadcast_pyobj([obj], self.sched.tp_rank, self.sched.tp_cpu_group, src=0)
+            return data[0]
+
+        return broadcast
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def clock(self, req: Any, now: float) -> ReqClock:
+        clk = self.clocks.get(req.rid)
+        if clk is None:
+            params = getattr(req.sampling_params, "custom_params", None)
+            try:
+                slo = resolve_slo(params, self.default_slo, self.classes)
+            except SloError:  # validated in the tokenizer; never drop a request over it here
+                slo = self.default_slo
+            cls = params.get("slo_class") if isinstance(params, dict) else None
+            clk = ReqClock(req.rid, now, slo, slo_class=cls if isinstance(cls, str) else None)
+            self.clocks[req.rid] = clk
+        return clk
+
+    def observe(self, running: list[Any], now: float) -> None:
+        for req in running:
+            clk = self.clock(req, now)
+            clk.observe_outputs(len(req.output_ids), now)
+            clk.set_state(ReqState.RUNNING, now)
+        for req in self.sched.waiting_queue:
+            clk = self.clock(req, now)
+            clk.observe_outputs(len(req.output_ids), now)
+            clk.set_state(ReqState.WAITING, now)
+
+    def has_work(self) -> bool:
+        return bool(self.rotary or self.resume_locks)
+
+    # ---- the per-iteration step --------------------------------------------------------------
+    def around_prefill(self, original: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
+        now = time.monotonic()
+        self.iteration += 1
+        live = [r for r in running_batch.reqs if not r.finished()]
+        self.observe(live, now)
+        if self.engine is None:
+            return original(sched, running_batch)
+        order = self._step(running_batch, live, now)
+        return self._admit_in_order(original, sched, running_batch, order)
+
+    def _step(self, running_batch: Any, live: list[Any], now: float) -> list[Any]:
+        views, by_rid = self._views(running_batch, live, now)
+        decision = self.sync.decide(lambda: self._decide(views, running_batch, now))
+        self.stats.decisions += 1
+        self.stats.contended_decisions += decision.contention
+        out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
+        out += self._forced(running_batch, live, out)
+        self._rotate_out(running_batch, out, now)
+        for rid in decision.resume:
+            self._resume(rid, now)
+        score = {v.rid: vlt(v, now, self.params) for v in views}
+        chosen = set(decision.admit) | set(decision.resume) | set(self.resume_locks)
+        queue = [r for r in self.sched.waiting_queue if r.rid in chosen]
+        queue.sort(key=lambda r: (-score.get(r.rid, 0.0), self.clocks[r.rid].arrival))
+        return queue
+
+    def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
+        return lvf_decide(views, self._free_blocks(running_batch), self.cfg.rotation_budget_blocks, now, self.params)
+
+    def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
+                        order: list[Any]) -> Any:
+        """Let SGLang's PrefillAdder see only LVF's admissions, in LVF's order; keep the rest."""
+        before = list(sched.waiting_queue)
+        sched.waiting_queue = order
+        try:
+            plan = original(sched, running_batch)
+        finally:
+            after = sched.waiting_queue
+            kept = {id(r) for r in after}
+            offered = {id(r) for r in order}
+            admitted = [r for r in order if id(r) not in kept]
+            added = [r for r in after if id(r) not in offered]
+            gone = {id(r) for r in admitted}
+            sched.waiting_queue = [r for r in before if id(r) not in gone] + added
+        self._unlock_admitted(admitted)
+        return plan
+
+    def _unlock_admitted(self, admitted: list[Any]) -> None:
+        # Admitted requests now hold their own tree lock on the restored prefix.
+        for req in admitted:
+            lock = self.resume_locks.pop(req.rid, None)
+            if lock is not None:
+                self.sched.tree_cache.unlock(lock)
+
+    # ---- views for the policy ----------------------------------------------------------------
+    def _reserve(self, req: Any) -> float:
+        ratio = 1.0 if req.sampling_params.ignore_eos else self.sched.new_token_ratio_tracker.current
+        left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
+        return min(left, _CLIP_MAX_NEW_TOKENS) * ratio
+
+    def _blocks(self, tokens: float) -> int:
+        return max(0, math.ceil(tokens / self.bt))
+
+    def _free_blocks(self, running_batch: Any) -> int:
+        # The same budget SGLang's PrefillAdder admits against: free + evictable tokens minus
+        # the decode reserve of every running request.
+        alloc, tree = self.sched.token_to_kv_pool_allocator, self.sched.tree_cache
+        reserve = sum(self._reserve(r) for r in running_batch.reqs if not r.finished())
+        return max(0, int(alloc.available_size() + tree.evictable_size() - reserve) // self.bt)
+
+    def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
+        views, by_rid = [], {}
+        for req in live:
+            clk = self.clocks[req.rid]
+            views.append(self._view(clk, ReqState.RUNNING, 0,
+                                    self._blocks(req.seqlen + self._reserve(req)),
+                                    self._rotatable(req, running_batch)))
+            by_rid[req.rid] = req
+        for req in self.sched.waiting_queue:
+            clk = self.clocks[req.rid]
+            resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
+            need = len(req.origin_input_ids) + len(req.output_ids) - resident + self._reserve(req)
+            views.append(self._view(clk, ReqState.WAITING, self._blocks(need), 0, True))
+        for rid, entry in self.rotary.items():
+            need = entry.host_kv.num_tokens + 1 + self._reserve(entry.req)
+            views.append(self._view(self.clocks[rid], ReqState.ROTARY, self._blocks(need), 0, True))
+        return views, by_rid
+
+    @staticmethod
+    def _view(clk: ReqClock, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
+        return ReqView(
+            rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,
+            run_start=clk.run_start if state == ReqState.RUNNING else None,
+            ttft_slo=clk.slo.ttft_s, tbt_slo=clk.slo.tbt_s,
+            blocks_needed=need, blocks_held=held, rotatable=rotatable,
+        )
+
+    def _rotatable(self, req: Any, running_batch: Any) -> bool:
+        sched = self.sched
+        if req is sched.chunked_req or not rotation.can_rotate(req):
+            return False
+        if getattr(req, "grammar", None) is not None or getattr(req, "multimodal_inputs", None) is not None:
+            return False
+        if getattr(req, "beam_group", None) is not None or getattr(req, "session", None) is not None:
+            return False
+        last = sched.last_batch
+        # Under the overlap scheduler a prefill still in flight is writing this request's KV.
+        if last is not None and last.forward_mode.is_extend() and any(r is req for r in last.reqs):
+            return False
+        return True
+
+    # ---- actions -----------------------------------------------------------------------------
+    def _forced(self, running_batch: Any, live: list[Any], chosen: list[Any]) -> list[Any]:
+        if not self.rotate_every or self.iteration % self.rotate_every:
+            return []
+        cands = [r for r in live if r not in chosen and self._rotatable(r, running_batch)]
+        if not cands:
+            return []
+        oldest = min(cands, key=lambda r: self.clocks[r.rid].run_start or 0.0)
+        self.stats.forced_rotations += 1
+        return [oldest]
+
+    def _rotate_out(self, running_batch: Any, reqs: list[Any], now: float) -> None:
+        if not reqs:
+            return
+        gone = {id(r) for r in reqs}
+        keep = [i for i, r in enumerate(running_batch.reqs) if id(r) not in gone]
+        running_batch.filter_batch(keep_indices=keep)
+        running_batch.batch_is_full = False
+        assert self.engine is not None
+        for req in reqs:
+            clk = self.clocks[req.rid]
+            entry = rotation.rotate_out(self.sched, req, self.engine, now)
+            if entry is None:
+                rotation.retract_for_recompute(self.sched, req)
+                clk.recomputes += 1
+                clk.set_state(ReqState.WAITING, now)
+                self.stats.recompute_fallbacks += 1
+                continue
+            self.rotary[req.rid] = entry
+            clk.rotations += 1
+            clk.set_state(ReqState.ROTARY, now)
+            self.stats.rotations_out += 1
+
+    def _resume(self, rid: str, now: float) -> None:
+        entry = self.rotary.get(rid)
+        assert self.engine is not None
+        if entry is None:
+            return
+        ok, lock = rotation.resume(self.sched, entry, self.engine)
+        if not ok:
+            return
+        del self.rotary[rid]
+        self.engine.free(entry.host_kv)
+        self.resume_locks[rid] = lock
+        self.sched.waiting_queue.append(entry.req)
+        self.clocks[rid].set_state(ReqState.WAITING, now)
+        self.stats.resumes += 1
+
+    # ---- SGLang paths that must know the rotary queue ----------------------------------------
+    def before_abort(self, recv_req: Any) -> None:
+        """Hand rotary requests being aborted back to the waiting queue, where SGLang's own abort
+        path finds them, and release what we hold for them."""
+        def match(rid: str) -> bool:
+            return bool(recv_req.abort_all) or rid.startswith(recv_req.rid)
+
+        for rid in [r for r in self.rotary if match(r)]:
+            entry = self.rotary.pop(rid)
+            if self.engine is not None:
+                self.engine.free(entry.host_kv)
+            self.sched.waiting_queue.append(entry.req)
+        for rid in [r for r in self.resume_locks if match(r)]:
+            self.sched.tree_cache.unlock(self.resume_locks.pop(rid))
+        for rid in [r for r in self.clocks if match(r)]:
+            del self.clocks[rid]
+
+    def on_finished(self, req: Any) -> dict[str, object] | None:
+        clk = self.clocks.pop(req.rid, None)
+        if clk is None:
+            return None
+        clk.observe_outputs(len(req.output_ids), time.monotonic())
+        return clk.meta_info()
+
+    def pool_usage(self) -> dict[str, int]:
+        if self.engine is None:
+            return {"host_blocks_used": 0, "host_blocks_total": 0}
+        alloc = self.engine.host_pool.allocator
+        return {"host_blocks_used": alloc.num_used, "host_blocks_total": self.engine.host_pool.num_blocks}

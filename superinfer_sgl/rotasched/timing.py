@@ -1,0 +1,90 @@
+"""Per-request clocks: what VLT needs (arrival, last token, running stint) and SLO outcomes.
+
+Pure Python: the integration layer feeds it observations (output length seen at time t, state
+changes); it never looks at SGLang objects itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .slo import Slo
+from .state import ReqState
+
+# A request meets its TBT SLO when at least this share of its inter-token gaps do (the A/B
+# harness uses the same definition for its joint attainment figure).
+TBT_MET_SHARE = 0.9
+
+
+@dataclass
+class ReqClock:
+    rid: str
+    arrival: float
+    slo: Slo
+    slo_class: str | None = None
+    state: ReqState = ReqState.WAITING
+    run_start: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    outputs_seen: int = 0
+    gaps: int = 0
+    gaps_missed: int = 0
+    rotations: int = 0
+    recomputes: int = 0
+    max_gap: float = 0.0
+
+    def observe_outputs(self, n_out: int, now: float) -> None:
+        """Record newly committed output tokens (n_out is the request's total so far).
+
+        Several tokens seen at once (e.g. a skipped observation) count as one gap for the first
+        and zero-length gaps for the rest, which is what a streaming client sees.
+        """
+        new = n_out - self.outputs_seen
+        if new <= 0:
+            return
+        if self.first_token is None:
+            self.first_token = now
+        else:
+            gap = now - (self.last_token if self.last_token is not None else now)
+            self.gaps += 1
+            self.max_gap = max(self.max_gap, gap)
+            self.gaps_missed += gap * 1000.0 > self.slo.tbt_ms
+        self.gaps += new - 1  # tokens that arrived together: zero-length gaps
+        self.last_token = now
+        self.outputs_seen = n_out
+
+    def set_state(self, state: ReqState, now: float) -> None:
+        if state == ReqState.RUNNING and self.state != ReqState.RUNNING:
+            self.run_start = now
+        if state != ReqState.RUNNING:
+            self.run_start = None
+        self.state = state
+
+    @property
+    def ttft_met(self) -> bool | None:
+        if self.first_token is None:
+            return None
+        return (self.first_token - self.arrival) * 1000.0 <= self.slo.ttft_ms
+
+    @property
+    def tbt_share_met(self) -> float | None:
+        if self.gaps == 0:
+            return None
+        return 1.0 - self.gaps_missed / self.gaps
+
+    @property
+    def tbt_met(self) -> bool | None:
+        share = self.tbt_share_met
+        return None if share is None else share >= TBT_MET_SHARE
+
+    def meta_info(self) -> dict[str, object]:
+        return {
+            "superinfer_rotations": self.rotations,
+            "superinfer_recomputes": self.recomputes,
+            "superinfer_slo_class": self.slo_class,
+            "superinfer_ttft_slo_ms": self.slo.ttft_ms,
+            "superinfer_tbt_slo_ms": self.slo.tbt_ms,
+            "superinfer_ttft_slo_met": self.ttft_met,
+            "superinfer_tbt_slo_met": self.tbt_met,
+            "superinfer_tbt_gaps_met_share": self.tbt_share_met,
+        }
