@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 
@@ -34,6 +35,7 @@ class SuperInferConfig:
     rotary_block_tokens: int = 16
     rotary_pool_gb: float | None = None
     kv_transfer: str = "auto"
+    eager_sync: bool = True
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
 
@@ -43,13 +45,16 @@ class SuperInferConfig:
         if self.kv_transfer not in KV_TRANSFERS:
             raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
-            _require(getattr(self, name) > 0, name, "must be > 0")
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
         for name in ("vlt_beta_ttft", "vlt_beta_tbt"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0")
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
         _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
         if self.rotary_pool_gb is not None:
-            _require(self.rotary_pool_gb > 0, "rotary_pool_gb", "must be > 0")
+            _require(math.isfinite(self.rotary_pool_gb) and self.rotary_pool_gb > 0, "rotary_pool_gb",
+                     "must be a finite number > 0")
         if self.slo_classes is not None:
             from .rotasched.slo import Slo, SloClasses, SloError
 
@@ -95,6 +100,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    help="host memory for rotated-out KV (default: derived from free RAM)")
     g.add_argument("--kv-transfer", choices=KV_TRANSFERS, default=d.kv_transfer,
                    help="KV copy path between device and host pools")
+    g.add_argument("--eager-sync", action=argparse.BooleanOptionalAction, default=d.eager_sync,
+                   help="copy filled KV blocks of running requests to host in the background, so "
+                        "rotating a request out moves only its unsynced tail")
 
 
 def from_namespace(ns: argparse.Namespace) -> SuperInferConfig:

@@ -1,7 +1,7 @@
 """Per-device defaults our launcher adds when the user did not set them.
 
-CUDA: FlashInfer attention. CPU: torch_native attention, no CUDA graphs, and a KV budget sized to
-the machine's RAM (SGLang's own default would try to grab most of it).
+CUDA: FlashInfer attention. CPU: torch_native attention, no CUDA graphs, sleep when idle, and a KV
+budget sized to the machine's RAM (SGLang's own default would try to grab most of it).
 """
 
 from __future__ import annotations
@@ -63,4 +63,7 @@ def device_defaults(argv: list[str]) -> DeviceDefaults:
         ("--cuda-graph-backend-decode", "disabled"),
         ("--cuda-graph-backend-prefill", "disabled"),
         ("--max-total-tokens", str(cpu_kv_budget_tokens(model, dtype))),
+        # SGLang's scheduler otherwise spins a core at 100% while idle; the poller wakes on the
+        # next request at once, and our hook keeps it awake while rotary requests wait.
+        ("--sleep-on-idle", None),
     ))

@@ -43,7 +43,7 @@ def check_model_path(path: str) -> None:
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise LaunchError(f"model path {path} is a folder without config.json (not a Hugging Face model)")
         return
-    if os.path.exists(expanded) or path.startswith((".", "/", "~")) or path.count("/") != 1:
+    if os.path.exists(expanded) or path.startswith((".", "/", "~")) or path.count("/") > 1:
         raise LaunchError(f"model path {path} does not exist")
     if not _hub_model_known(path):
         raise LaunchError(f"unknown model path {path}: not a local folder, not in the Hugging Face cache, "

@@ -22,9 +22,16 @@ from .plugin import CPU_COMPAT_ENV
 logger = logging.getLogger("superinfer_sgl")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints a usage block and exits; we want our one-line error instead."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
 def our_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a prefix of an SGLang flag must never be taken as one of ours.
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = _OneLineParser(add_help=False, allow_abbrev=False)
     add_cli_args(parser)
     return parser
 

@@ -118,9 +118,9 @@ def prepare_default_model(cache_dir: Path | None = None) -> Path:
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
-    except Exception as exc:
+    except BaseException as exc:  # Ctrl-C included: never leave a half-written folder behind
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, ModelPrepError):
+        if isinstance(exc, ModelPrepError) or not isinstance(exc, Exception):
             raise
         raise ModelPrepError(f"converting {src.path} failed: {exc}") from exc
     return target

@@ -1,203 +1,69 @@
-"""DuplexKV rotation engine: move a request's KV between the device pool and block-first host blocks.
+"""DuplexKV rotation engine: move request KV between the device pool and block-first host blocks.
 
-Transfer paths (the engine picks one at construction):
-  torch          per layer, index_select / index_put vectorised over tokens (the CPU path)
-  naive          one copy per page per layer per K/V, page = block_tokens tokens (what stock swap does)
-  triton-direct  one kernel launch reads/writes pinned host memory directly
-  triton-dma     one kernel launch gathers into device staging, then one DMA per contiguous run of
-                 host blocks per direction (one in total when the blocks are contiguous)
-The API is synchronous for now. On CUDA each direction already runs on its own stream, ordered after
-the work queued on the current stream (the forward pass that wrote the KV), and save/load wait for
-their event before returning; an asynchronous version would hand that event to the caller instead.
+Three lanes (CUDA side streams; on a CPU the same code runs synchronously, see streams.py):
+  out    device -> host for rotations out (save, save_request, rotate)
+  in     host -> device for rotations in (load, rotate, prefetch), concurrent with `out`
+  eager  device -> host for eager block syncs of running requests (sync_full_blocks)
+Each copy is ordered after `after` (CUDA event(s) recorded after the forward pass that wrote the KV
+and any GPU work that produced the slot indices) or, by default, after everything already queued on
+the current stream. rotate()/prefetch() return a RotationHandle at once; save/load/save_request are
+the synchronous wrappers (they wait on the handle's events). See docs/duplexkv.md.
+
+Block ownership is by the allocator's reference counts. References are held by: each HostKV handed
+out (engine.free drops it), each request mirror (eager.py), each prefetch not yet consumed, and each
+copy still in flight (dropped by _reap() once its event has completed, so a block is never handed out
+again while a queued copy still reads or writes it).
+
+UNVERIFIED ON GPU: streams, events, overlap of the two directions, pinned memory and the Triton paths
+compiled for a device have not been run by these tests (they run the torch path on a CPU).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
-from superinfer_sgl.duplexkv.host_pool import HostKVPool
+from superinfer_sgl.duplexkv.eager import EagerMirror
+from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
+from superinfer_sgl.duplexkv.prefetch import PrefetchTable
+from superinfer_sgl.duplexkv.streams import After, CopyEvent, CopyLane, InflightCopies, RotationHandle
+from superinfer_sgl.duplexkv.transfer import TRANSFERS, gather_batch, make_path, pick_transfer, scatter_batches
 
-TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
-_SUPERCHIPS = ("GH200", "GB200", "GB300")
+__all__ = ["TRANSFERS", "HostKV", "RotateIn", "RotateOut", "RotationEngine", "pick_transfer"]
 
 
-@dataclass(frozen=True)
-class HostKV:
-    """A request's KV in host blocks: token i sits in block_ids[i // block_tokens], row i % block_tokens."""
+class RotateOut(NamedTuple):
+    """A request to rotate out. rid: a tracked request whose synced mirror is reused (None: copy all,
+    no mirror). slots: its token slots, at least num_tokens of them (a whole req_to_token row is fine)."""
 
-    block_ids: tuple[int, ...]
+    rid: str | None
+    slots: torch.Tensor
     num_tokens: int
-    block_tokens: int
-
-    def __post_init__(self) -> None:
-        assert self.num_tokens >= 0 and self.block_tokens >= 1
-        assert len(self.block_ids) == math.ceil(self.num_tokens / self.block_tokens), self
 
 
-def pick_transfer(device: torch.device | str) -> str:
-    """Default transfer path for a device.
+class RotateIn(NamedTuple):
+    """A HostKV to bring back into exactly host_kv.num_tokens device slots."""
 
-    CPU: "torch" (Triton would need the interpreter). CUDA: "triton-dma", except on superchips with
-    NVLink-C2C (GH200/GB200), where "triton-direct". Why: over PCIe the copy engines reach near-peak
-    bandwidth on MB-sized copies and use no SMs, while a kernel touching host memory directly needs
-    many SMs in flight to hide PCIe latency, and those SMs are taken from the forward pass; the
-    staging gather runs at HBM speed on a few SMs. Over coherent C2C, direct access is fast and skips
-    the staging pass. To be confirmed by scripts/bench_kv_transfer.py on each GPU (not yet measured).
-    """
-    device = torch.device(device)
-    if device.type != "cuda":
-        return "torch"
-    name = torch.cuda.get_device_properties(device).name
-    return "triton-direct" if any(chip in name for chip in _SUPERCHIPS) else "triton-dma"
+    host_kv: HostKV
+    slots: torch.Tensor
 
 
-_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _as_int(t: torch.Tensor) -> torch.Tensor:
-    """Same-width integer view: indexing ops exist for every integer type but not for fp8, and bits
-    move unchanged."""
-    return t.view(_SAME_WIDTH_INT[t.element_size()])
-
-
-def _int_buffers(dev: DevicePoolView) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return [_as_int(b) for b in dev.k_buffers], [_as_int(b) for b in dev.v_buffers]
-
-
-class _Path(Protocol):
-    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None: ...
-
-    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None: ...
-
-
-class _TorchOpsPath:
-    """Base of the paths built from torch ops, which see every buffer as same-width integers."""
-
-    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
-        self.dev, self.host = dev, host
-        self.kv = _int_buffers(dev)
-        self.data = _as_int(host.data)
-
-
-class _TorchPath(_TorchOpsPath):
-    def _rows(self, n: int, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        tok = torch.arange(n)
-        return torch.tensor(blocks, dtype=torch.int64)[tok // self.host.block_tokens], tok % self.host.block_tokens
-
-    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
-        block, row = self._rows(slots.numel(), blocks)
-        for layer in range(self.dev.layers):
-            for kv, bufs in enumerate(self.kv):
-                self.data[block, layer, kv, row] = bufs[layer].index_select(0, slots).cpu()
-
-    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
-        block, row = self._rows(slots.numel(), blocks)
-        for layer in range(self.dev.layers):
-            for kv, bufs in enumerate(self.kv):
-                rows = self.data[block, layer, kv, row].to(self.dev.device, non_blocking=True)
-                bufs[layer].index_copy_(0, slots, rows)
-
-
-class _NaivePath(_TorchOpsPath):
-    """The baseline: a copy per page per layer per K/V. A page whose slots form a contiguous run is one
-    slice copy (as in a paged pool); a scattered page needs an index gather first."""
-
-    def _pages(self, slots: torch.Tensor, blocks: list[int]) -> Iterator[tuple[int, int, slice | torch.Tensor]]:
-        cpu = slots.cpu()
-        bt = self.host.block_tokens
-        for j, block in enumerate(blocks):
-            page = cpu[j * bt : (j + 1) * bt]
-            first, m = int(page[0]), page.numel()
-            run = torch.equal(page, torch.arange(first, first + m, dtype=page.dtype))
-            yield block, m, slice(first, first + m) if run else page.to(self.dev.device)
-
-    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
-        for block, m, src in self._pages(slots, blocks):
-            for layer in range(self.dev.layers):
-                for kv, bufs in enumerate(self.kv):
-                    self.data[block, layer, kv, :m].copy_(bufs[layer][src], non_blocking=True)
-
-    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
-        for block, m, dst in self._pages(slots, blocks):
-            for layer in range(self.dev.layers):
-                for kv, bufs in enumerate(self.kv):
-                    bufs[layer][dst] = self.data[block, layer, kv, :m].to(self.dev.device, non_blocking=True)
-
-
-class _TritonDirectPath:
-    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
-        self.kernels = _import_kernels()
-        self.dev, self.host = dev, host
-        self.launch = dict(layer_shape=dev.layer_shape, dtype=dev.dtype, max_programs=max_programs)
-
-    def _ids(self, blocks: list[int]) -> torch.Tensor:
-        return torch.tensor(blocks, dtype=torch.int64).to(self.dev.device, non_blocking=True)
-
-    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
-        d = self.dev
-        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
-
-    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
-        d = self.dev
-        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
-
-
-class _TritonDmaPath(_TritonDirectPath):
-    def _staging(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (num_blocks, *self.host.data.shape[1:])
-        staging = torch.empty(shape, dtype=self.dev.dtype, device=self.dev.device)
-        return staging, torch.arange(num_blocks, device=self.dev.device)
-
-    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
-        d = self.dev
-        staging, ids = self._staging(len(blocks))
-        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
-        for start, first, length in _runs(blocks):
-            self.host.data[first : first + length].copy_(staging[start : start + length], non_blocking=True)
-
-    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
-        d = self.dev
-        staging, ids = self._staging(len(blocks))
-        for start, first, length in _runs(blocks):
-            staging[start : start + length].copy_(self.host.data[first : first + length], non_blocking=True)
-        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
-
-
-def _import_kernels():
-    """Lazy: the torch and naive paths must work where Triton cannot run."""
-    try:
-        import superinfer_kernels
-    except ImportError as e:
-        raise ImportError("Triton transfer paths need the superinfer_kernels package (triton_kernels/)") from e
-    return superinfer_kernels
-
-
-_PATHS: dict[str, type] = {
-    "torch": _TorchPath,
-    "naive": _NaivePath,
-    "triton-direct": _TritonDirectPath,
-    "triton-dma": _TritonDmaPath,
-}
-
-
-def _runs(blocks: list[int]) -> Iterator[tuple[int, int, int]]:
-    """Maximal runs of consecutive block ids as (position in `blocks`, first id, length)."""
-    start = 0
-    for i in range(1, len(blocks) + 1):
-        if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
-            yield start, blocks[start], i - start
-            start = i
+@dataclass
+class _OutPlan:
+    req: RotateOut
+    reused: list[int]  # leading blocks the mirror already holds (its references move to the HostKV)
+    need: int  # blocks to copy now: unsynced full blocks + the partial tail block
+    pending: list[CopyEvent]  # in-flight eager copies into `reused`
+    new: list[int] = field(default_factory=list)
 
 
 class RotationEngine:
-    """Rotates request KV out to host blocks (save) and back into device slots (load)."""
+    """Rotates request KV out to host blocks and back into device slots; keeps eager mirrors."""
 
     def __init__(
         self,
@@ -211,51 +77,324 @@ class RotationEngine:
             raise ValueError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
         self.device_pool, self.host_pool = device_pool, host_pool
         self.transfer = pick_transfer(device_pool.device) if transfer == "auto" else transfer
-        self._path: _Path = _PATHS[self.transfer](device_pool, host_pool, max_programs)
-        cuda = device_pool.device.type == "cuda"
-        self._out_stream = torch.cuda.Stream(device_pool.device) if cuda else None
-        self._in_stream = torch.cuda.Stream(device_pool.device) if cuda else None
-        self.bytes_out = self.bytes_in = 0
+        self._path = make_path(self.transfer, device_pool, host_pool, max_programs)
+        dev = device_pool.device
+        self._out, self._in, self._eager = CopyLane(dev, priority=-1), CopyLane(dev, priority=-1), CopyLane(dev)
+        self.mirror = EagerMirror(host_pool.allocator, host_pool.block_tokens)
+        self._inflight = InflightCopies(host_pool.allocator)
+        self._prefetched = PrefetchTable(host_pool.allocator)
+        self.bytes_out = self.bytes_in = 0  # payload bytes of rotations (eager syncs not included)
         self.rotations_out = self.rotations_in = 0
+        self.bytes_eager_out = 0  # background eager syncs
+        self.bytes_reused = 0  # bytes of rotations out served by mirror blocks instead of a copy
+        self.eager_blocks_skipped = self.mirror_blocks_dropped = self.prefetch_hits = 0
 
+    # ---- synchronous convenience API (what the scheduler integration calls)
     def save(self, slots: torch.Tensor) -> HostKV:
-        """Copy the KV of `slots` (all layers, K and V) into newly allocated host blocks.
-        Raises HostPoolFull, with nothing allocated, when the host pool lacks blocks."""
-        slots = self._slots(slots)
-        n = slots.numel()
-        blocks = self.host_pool.allocator.alloc(self.host_pool.blocks_for_tokens(n))
+        """Copy the KV of `slots` (all layers, K and V) into newly allocated host blocks and wait.
+        Raises HostPoolFull, with nothing allocated, when the host pool lacks blocks even after
+        dropping other requests' mirrors."""
+        slots = _check_slots(slots)
+        return self._finish(self.rotate(out=[RotateOut(None, slots, slots.numel())])).saved[0]
+
+    def load(self, host_kv: HostKV, slots: torch.Tensor) -> None:
+        """Copy `host_kv` back into device `slots` (one per token) and wait; the host blocks stay
+        allocated. Uses a matching prefetch() instead of copying again."""
+        self._finish(self.rotate(inn=[RotateIn(host_kv, slots)]))
+
+    def save_request(self, rid: str, slots: torch.Tensor, num_tokens: int) -> HostKV:
+        """save() for a tracked request: reuses its synced mirror blocks and copies only the rest.
+        The mirror's references move to the returned HostKV and the mirror is left empty."""
+        return self._finish(self.rotate(out=[RotateOut(rid, slots, num_tokens)])).saved[0]
+
+    def free(self, host_kv: HostKV) -> None:
+        """Drop the caller's reference on `host_kv`; unconsumed prefetches of it or of any HostKV
+        sharing its blocks (a prefix of it) are cancelled."""
+        self._reap()
+        self._prefetched.drop_overlapping(host_kv)
+        self.host_pool.allocator.decref(host_kv.block_ids)
+
+    # ---- full duplex and prefetch
+    def rotate(
+        self,
+        out: Iterable[RotateOut | tuple] = (),
+        inn: Iterable[RotateIn | tuple] = (),
+        after: After = None,
+    ) -> RotationHandle:
+        """Start one iteration's copies: every `out` device -> host on the out lane (one launch) and
+        every `inn` host -> device on the in lane, concurrently. All or nothing: HostPoolFull or a bad
+        argument leaves everything as it was. The saved HostKVs are in handle.saved, in order."""
+        self._reap()
+        outs = [self._check_out(RotateOut(*o)) for o in out]
+        ins = [self._check_in(RotateIn(*i)) for i in inn]
+        plans = self._plan_out(outs)
+        hits, copies = self._match_prefetched(ins)
+        out_held = [b for p in plans for b in p.reused + p.new]
+        in_held = [b for i in copies for b in i.host_kv.block_ids]
+        self.host_pool.allocator.incref(out_held + in_held)
         try:
-            if n:
-                with _side_stream(self._out_stream):
-                    self._path.to_host(slots, blocks)
+            out_event = self._launch_out(plans, after) if plans else None
+            in_event = self._launch_in(copies, after) if copies else None
+        except BaseException:
+            self._out.synchronize()
+            self._in.synchronize()
+            self.host_pool.allocator.decref(out_held + in_held + [b for p in plans for b in p.new])
+            raise
+        if out_event is not None:
+            self._inflight.hold(out_event, out_held)
+        if in_event is not None:
+            self._inflight.hold(in_event, in_held)
+        saved = tuple(self._commit_out(p) for p in plans)
+        events = [e for e in (out_event, in_event) if e is not None] + self._commit_in(ins, hits)
+        self._reap()
+        return RotationHandle(saved, tuple(events))
+
+    def prefetch(self, host_kv: HostKV, slots: torch.Tensor, after: After = None) -> RotationHandle:
+        """Start copying `host_kv` into `slots` now; a later load()/rotate() of the same HostKV into the
+        same slots (same tensor memory on CUDA, same values on a CPU) waits on this copy instead."""
+        self._reap()
+        inn = self._check_in(RotateIn(host_kv, slots))
+        known = self._prefetched.find(host_kv, slots)
+        if known is not None:
+            return RotationHandle(events=(known,))
+        blocks = list(host_kv.block_ids)
+        self.host_pool.allocator.incref(blocks)  # held until the copy has run
+        try:
+            event = self._launch_in([inn], after)
         except BaseException:
             self.host_pool.allocator.decref(blocks)
             raise
-        self.bytes_out += n * self.device_pool.bytes_per_token
-        self.rotations_out += 1
-        return HostKV(tuple(blocks), n, self.host_pool.block_tokens)
-
-    def load(self, host_kv: HostKV, slots: torch.Tensor) -> None:
-        """Copy `host_kv` back into device `slots` (one per token); the host blocks stay allocated."""
-        slots = self._slots(slots)
-        if slots.numel() != host_kv.num_tokens or host_kv.block_tokens != self.host_pool.block_tokens:
-            raise ValueError(
-                f"{slots.numel()} slots for {host_kv.num_tokens} tokens "
-                f"(block_tokens {host_kv.block_tokens} vs pool {self.host_pool.block_tokens})"
-            )
-        if slots.numel():
-            with _side_stream(self._in_stream):
-                self._path.to_device(list(host_kv.block_ids), slots)
+        self._inflight.hold(event, blocks)
+        self._prefetched.add(host_kv, slots, event)
         self.bytes_in += host_kv.num_tokens * self.device_pool.bytes_per_token
-        self.rotations_in += 1
+        self._reap()
+        return RotationHandle(events=(event,))
 
-    def free(self, host_kv: HostKV) -> None:
-        self.host_pool.allocator.decref(host_kv.block_ids)
+    def cancel_prefetch(self, host_kv: HostKV) -> None:
+        """Forget an unconsumed prefetch of `host_kv` (e.g. the resume it was for did not happen);
+        the device slots it wrote are the caller's to free."""
+        self._reap()
+        self._prefetched.drop(host_kv)
 
-    def _slots(self, slots: torch.Tensor) -> torch.Tensor:
-        if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"slots must be a 1-D int32/int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
+    # ---- eager block rotation
+    def track(self, rid: str) -> None:
+        """Give `rid` a (still empty) mirror; idempotent."""
+        self.mirror.track(rid)
+
+    def untrack(self, rid: str) -> None:
+        """Forget `rid` (finished or aborted): its mirror's blocks are released."""
+        self._reap()
+        self.mirror.untrack(rid)
+
+    def sync_full_blocks(
+        self,
+        rid: str,
+        slots: torch.Tensor,
+        num_tokens: int,
+        after: After = None,
+        max_blocks: int | None = None,
+    ) -> int:
+        """Copy, in the background, every full block among the first num_tokens tokens (whose KV is
+        final) that `rid`'s mirror lacks; never a partial block. Uses only free host blocks (at most
+        max_blocks): when the pool is short it syncs fewer or none, as the mirror is only a cache.
+        Ordered after `after` (the event of the forward that wrote the KV). Returns blocks started."""
+        self._reap()
+        slots = _check_slots(slots)
+        missing = self.mirror.missing(rid, num_tokens)
+        want = len(missing) if max_blocks is None else max(0, min(len(missing), max_blocks))
+        count = min(want, self.host_pool.allocator.num_free)
+        self.eager_blocks_skipped += want - count
+        if count == 0:
+            return 0
+        bt = self.host_pool.block_tokens
+        lo, hi = missing.start * bt, (missing.start + count) * bt
+        if slots.numel() < hi:
+            raise ValueError(f"{slots.numel()} slots given for {num_tokens} tokens")
+        blocks = self.host_pool.allocator.alloc(count)
+        self.host_pool.allocator.incref(blocks)  # held until the copy has run
+        try:
+            with self._eager.run(after):
+                self._path.to_host(self._device_slots(self._eager, slots[lo:hi]), blocks)
+            event = self._eager.record()
+        except BaseException:
+            self.host_pool.allocator.decref(blocks + blocks)
+            raise
+        self._inflight.hold(event, blocks)
+        self.mirror.extend(rid, blocks, event)
+        self.bytes_eager_out += count * bt * self.device_pool.bytes_per_token
+        self._reap()
+        return count
+
+    def invalidate(self, rid: str, from_token: int) -> None:
+        """Tokens >= from_token of `rid` will be written again: the blocks holding them are no longer
+        synced (their host copies are released, and a later sync copies them anew)."""
+        self._reap()
+        self.mirror.invalidate(rid, from_token)
+
+    def keep_as_mirror(self, rid: str, host_kv: HostKV, valid_tokens: int | None = None) -> int:
+        """After loading `host_kv` for `rid`, adopt its full blocks (those within valid_tokens: pass
+        the tokens actually restored when the rest is recomputed) as the mirror, with a reference of
+        the mirror's own; the caller still owns its HostKV reference. Returns blocks kept."""
+        self._reap()
+        return self.mirror.keep(rid, host_kv, valid_tokens)
+
+    def drop_mirrors(self, n_blocks: int, exclude: Iterable[str] = ()) -> int:
+        """Release mirror blocks of requests outside `exclude`, least recently synced first, until
+        n_blocks blocks are free again; returns blocks freed."""
+        self._reap()
+        freed = self.mirror.drop(n_blocks, exclude)
+        self.mirror_blocks_dropped += freed
+        return freed
+
+    def synced_tokens(self, rid: str) -> int:
+        return len(self.mirror.get(rid).blocks) * self.host_pool.block_tokens
+
+    # ---- accounting
+    def counters(self) -> dict[str, int]:
+        names = ("bytes_out", "bytes_in", "rotations_out", "rotations_in", "bytes_eager_out", "bytes_reused",
+                 "eager_blocks_skipped", "mirror_blocks_dropped", "prefetch_hits")
+        return {n: getattr(self, n) for n in names}
+
+    def held_refs(self) -> Counter[int]:
+        """References the engine itself holds (mirrors, prefetches, copies in flight), per block;
+        every other reference belongs to a HostKV handed out."""
+        return self.mirror.refs() + self._inflight.refs() + self._prefetched.refs()
+
+    def check_invariants(self) -> None:
+        self.host_pool.allocator.check_invariants()
+        for block, n in self.held_refs().items():
+            assert self.host_pool.allocator.refcount(block) >= n, (block, n)
+
+    def quiesce(self) -> None:
+        """Wait for every copy in flight and release what they held (tests, shutdown)."""
+        self._inflight.drain()
+        self.mirror.prune()
+
+    # ---- internals: planning
+    def _check_out(self, out: RotateOut) -> RotateOut:
+        slots = _check_slots(out.slots)
+        if not 0 <= out.num_tokens <= slots.numel():
+            raise ValueError(f"num_tokens {out.num_tokens} outside [0, {slots.numel()} slots]")
+        if out.rid is not None:
+            self.mirror.get(out.rid)
+        return out
+
+    def _check_in(self, inn: RotateIn) -> RotateIn:
+        hk, slots = inn.host_kv, _check_slots(inn.slots)
+        if slots.numel() != hk.num_tokens or hk.block_tokens != self.host_pool.block_tokens:
+            raise ValueError(
+                f"{slots.numel()} slots for {hk.num_tokens} tokens "
+                f"(block_tokens {hk.block_tokens} vs pool {self.host_pool.block_tokens})"
+            )
+        dead = [b for b in hk.block_ids if self.host_pool.allocator.refcount(b) == 0]
+        if dead:
+            raise ValueError(f"HostKV blocks {dead} are not allocated (freed already?)")
+        return inn
+
+    def _plan_out(self, outs: list[RotateOut]) -> list[_OutPlan]:
+        rids = [o.rid for o in outs if o.rid is not None]
+        if len(set(rids)) != len(rids):
+            raise ValueError(f"a request appears twice in one rotation: {rids}")
+        plans = [self._plan_one(o) for o in outs]
+        new = self._alloc(sum(p.need for p in plans), exclude=rids)
+        for p in plans:
+            p.new, new = new[: p.need], new[p.need :]
+        return plans
+
+    def _plan_one(self, out: RotateOut) -> _OutPlan:
+        total = self.host_pool.blocks_for_tokens(out.num_tokens)
+        if out.rid is None:
+            return _OutPlan(out, [], total, [])
+        mirror = self.mirror.get(out.rid)
+        reused = mirror.blocks[: self.mirror.reusable(out.rid, out.num_tokens)]
+        return _OutPlan(out, list(reused), total - len(reused), list(mirror.pending))
+
+    def _alloc(self, n: int, exclude: Sequence[str]) -> list[int]:
+        """n fresh blocks, dropping other requests' mirror blocks first if that makes them fit; else
+        HostPoolFull with nothing allocated and no mirror touched."""
+        alloc = self.host_pool.allocator
+        if n > alloc.num_free + self.mirror.reclaimable(exclude):
+            self.quiesce()  # copies in flight hold blocks too
+        short = n - alloc.num_free
+        if 0 < short <= self.mirror.reclaimable(exclude):
+            self.mirror_blocks_dropped += self.mirror.drop(short, exclude)
+        return alloc.alloc(n)
+
+    def _match_prefetched(self, ins: list[RotateIn]) -> tuple[list[tuple[HostKV, CopyEvent]], list[RotateIn]]:
+        hits: list[tuple[HostKV, CopyEvent]] = []
+        copies: list[RotateIn] = []
+        for inn in ins:
+            event = self._prefetched.find(inn.host_kv, inn.slots)
+            if event is not None and all(hk != inn.host_kv for hk, _ in hits):
+                hits.append((inn.host_kv, event))
+            else:
+                copies.append(inn)
+        return hits, copies
+
+    # ---- internals: launching
+    def _launch_out(self, plans: list[_OutPlan], after: After) -> CopyEvent:
+        """One launch for every tail; ordered after the eager copies whose blocks are reused."""
+        bt = self.host_pool.block_tokens
+        with self._out.run(after, also=[e for p in plans for e in p.pending]):
+            parts = [
+                (self._device_slots(self._out, p.req.slots[len(p.reused) * bt : p.req.num_tokens]), p.new)
+                for p in plans
+                if p.new
+            ]
+            if parts:
+                self._path.to_host(*gather_batch(parts, bt))
+        return self._out.record()
+
+    def _launch_in(self, ins: list[RotateIn], after: After) -> CopyEvent:
+        with self._in.run(after):
+            parts = [
+                (self._device_slots(self._in, i.slots), list(i.host_kv.block_ids)) for i in ins if i.host_kv.num_tokens
+            ]
+            for slots, blocks in scatter_batches(parts, self.host_pool.block_tokens):
+                self._path.to_device(blocks, slots)
+        return self._in.record()
+
+    def _device_slots(self, lane: CopyLane, slots: torch.Tensor) -> torch.Tensor:
+        lane.keep_alive(slots)
         return slots.to(self.device_pool.device, torch.int64)
+
+    # ---- internals: committing and releasing
+    def _commit_out(self, plan: _OutPlan) -> HostKV:
+        req, bt = plan.req, self.host_pool.block_tokens
+        if req.rid is not None:
+            taken = self.mirror.take(req.rid, req.num_tokens)
+            assert taken == plan.reused, (taken, plan.reused)
+        copied = max(0, req.num_tokens - len(plan.reused) * bt)
+        self.bytes_out += copied * self.device_pool.bytes_per_token
+        self.bytes_reused += (req.num_tokens - copied) * self.device_pool.bytes_per_token
+        self.rotations_out += 1
+        return HostKV(tuple(plan.reused + plan.new), req.num_tokens, bt)
+
+    def _commit_in(self, ins: list[RotateIn], hits: list[tuple[HostKV, CopyEvent]]) -> list[CopyEvent]:
+        """Count the copies; consume the prefetches used (their copies stay held until they have run)."""
+        copied = sum(i.host_kv.num_tokens for i in ins) - sum(hk.num_tokens for hk, _ in hits)
+        self.bytes_in += copied * self.device_pool.bytes_per_token
+        self.rotations_in += len(ins)
+        self.prefetch_hits += len(hits)
+        for hk, _ in hits:
+            self._prefetched.drop(hk)
+        return [event for _, event in hits]
+
+    def _reap(self) -> None:
+        """Release what finished copies held (everything, on a CPU); never blocks."""
+        self._inflight.reap()
+        self.mirror.prune()
+
+    def _finish(self, handle: RotationHandle) -> RotationHandle:
+        handle.synchronize()
+        self._reap()
+        return handle
+
+
+def _check_slots(slots: torch.Tensor) -> torch.Tensor:
+    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slots must be a 1-D int32/int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
+    return slots
 
 
 def _check_compatible(dev: DevicePoolView, host: HostKVPool) -> None:
@@ -263,19 +402,3 @@ def _check_compatible(dev: DevicePoolView, host: HostKVPool) -> None:
     theirs = (host.layers, host.kv_heads, host.head_dim, host.dtype)
     if ours != theirs:
         raise ValueError(f"device pool (layers, kv_heads, head_dim, dtype) {ours} != host pool {theirs}")
-
-
-@contextlib.contextmanager
-def _side_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
-    """Run the body on `stream`, after everything already queued on the current stream, and wait."""
-    if stream is None:
-        yield
-        return
-    stream.wait_stream(torch.cuda.current_stream(stream.device))
-    with torch.cuda.stream(stream):
-        try:
-            yield
-        finally:  # also on error: the caller may free blocks that queued copies still touch
-            done = torch.cuda.Event()
-            done.record(stream)
-            done.synchronize()  # synchronous API; an async one returns `done` for the scheduler to wait on

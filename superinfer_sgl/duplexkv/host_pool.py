@@ -11,8 +11,27 @@ import heapq
 import math
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class HostKV:
+    """A request's KV in host blocks: token i sits in block_ids[i // block_tokens], row i % block_tokens.
+
+    Whoever holds a HostKV holds one allocator reference on each of its blocks (engine.free drops it).
+    A block is written once, right after it is allocated, and never again while referenced, so two
+    equal HostKVs that are both alive denote the same bytes. Rows of a partial last block beyond
+    num_tokens are undefined."""
+
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    block_tokens: int
+
+    def __post_init__(self) -> None:
+        assert self.num_tokens >= 0 and self.block_tokens >= 1
+        assert len(self.block_ids) == math.ceil(self.num_tokens / self.block_tokens), self
 
 
 class HostPoolFull(RuntimeError):

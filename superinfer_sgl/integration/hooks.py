@@ -43,6 +43,7 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     def count_retractions(result: tuple, *args: Any, **kwargs: Any) -> None:
         if _RUNTIME is not None:
             _RUNTIME.stats.sglang_retractions += len(result[0])
+            _RUNTIME.forget_kv(result[0])
 
     yield f"{SCHED}.__init__", attach, HookType.AFTER
     yield f"{SCHED}.get_new_batch_prefill", around_prefill, HookType.AROUND

@@ -27,11 +27,21 @@ class RotaryEntry:
     req: Any
     host_kv: HostKV
     paused_at: float
+    paused_iter: int = 0
 
 
 def restorable_tokens(req: Any) -> int:
     """Tokens whose KV is final: all but the last output token (the next decode input)."""
     return len(req.origin_input_ids) + len(req.output_ids) - 1
+
+
+def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_blocks: int | None) -> None:
+    """Copy the request's newly filled blocks to host in the background (CPU: now). Safe to call
+    before the next batch is built: every token before the last output token was written by a
+    forward pass whose results SGLang has already processed."""
+    engine.track(req.rid)
+    row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+    engine.sync_full_blocks(req.rid, row, restorable_tokens(req), max_blocks=max_blocks)
 
 
 def can_rotate(req: Any) -> bool:
@@ -46,9 +56,10 @@ def rotate_out(sched: Any, req: Any, engine: RotationEngine, now: float) -> Rota
     from sglang.srt.managers.schedule_batch import release_req
 
     n = restorable_tokens(req)
-    slots = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n]
+    row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
     try:
-        host_kv = engine.save(slots)
+        # Blocks the eager sync already copied are reused; only the unsynced tail moves now.
+        host_kv = engine.save_request(req.rid, row, n)
     except HostPoolFull:
         return None
     _release(sched, req, release_req)
@@ -87,6 +98,7 @@ def resume(sched: Any, entry: RotaryEntry, engine: RotationEngine) -> tuple[bool
     page = alloc.page_size
     n_aligned = n // page * page  # a partial last page is recomputed by the extend instead
     if n_aligned == 0:
+        engine.keep_as_mirror(req.rid, entry.host_kv, valid_tokens=0)
         return True, None
     if alloc.available_size() < n_aligned:
         evict_from_tree_cache(tree, n_aligned - alloc.available_size())
@@ -97,7 +109,11 @@ def resume(sched: Any, entry: RotaryEntry, engine: RotationEngine) -> tuple[bool
     tokens = (req.origin_input_ids + req.output_ids)[:n_aligned]
     key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
     # prev_prefix_len=0: the tree frees our copies of any tokens it already held (duplicates).
-    tree.insert(InsertParams(key=key, value=slots.to(torch.int64), prev_prefix_len=0))
+    result = tree.insert(InsertParams(key=key, value=slots.to(torch.int64), prev_prefix_len=0))
+    # The restored blocks become the request's eager mirror, so rotating it out again moves only
+    # new tokens. Where the tree kept its own copy of a prefix, the device bytes are the tree's,
+    # which we cannot vouch for: keep no mirror then.
+    engine.keep_as_mirror(req.rid, entry.host_kv, valid_tokens=n_aligned if result.prefix_len == 0 else 0)
     match = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)))
     return True, tree.lock(match.last_device_node)
 
@@ -107,8 +123,15 @@ def _prefix(host_kv: HostKV, n: int) -> HostKV:
     return HostKV(host_kv.block_ids[:blocks], n, host_kv.block_tokens)
 
 
+def device_kv_digest(sched: Any, req: Any, n: int) -> str:
+    """SHA-256 of the raw bytes of a request's first n KV tokens on the device (debug check)."""
+    import hashlib
+
+    return hashlib.sha256(device_kv_bytes(sched, req, n)).hexdigest()
+
+
 def device_kv_bytes(sched: Any, req: Any, n: int) -> bytes:
-    """Raw bytes of a request's first n KV tokens on the device (tests and debug checks)."""
+    """Raw bytes of a request's first n KV tokens on the device, all layers, K then V."""
     kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
     slots = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
     parts = []

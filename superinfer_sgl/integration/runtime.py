@@ -30,7 +30,6 @@ from ..rotasched import (
     VltParams,
     lvf_decide,
     resolve_slo,
-    vlt,
 )
 from ..rotasched.timing import ReqClock
 from . import rotation
@@ -38,9 +37,13 @@ from .kv_adapter import UnsupportedKVPool, device_pool_view
 
 logger = logging.getLogger(__name__)
 
-# Deterministic test knob (like SGLang's SGLANG_TEST_RETRACT): rotate the longest-running request
-# out every N scheduler iterations, independent of wall-clock timing.
+# Deterministic test knob (like SGLang's SGLANG_TEST_RETRACT): rotate the first rotatable request
+# of the running batch out every N scheduler iterations, independent of wall-clock timing.
 TEST_ROTATE_INTERVAL_ENV = "SUPERINFER_TEST_ROTATE_INTERVAL"
+# Test knob: keep a rotated-out request rotary for at least this many iterations (abort tests).
+TEST_HOLD_ROTARY_ENV = "SUPERINFER_TEST_HOLD_ROTARY_ITERS"
+# Debug check: hash each request's KV bytes when it rotates out and again once it is re-admitted.
+VERIFY_ENV = "SUPERINFER_VERIFY_ROTATION"
 DEFAULT_HOST_RAM_FRACTION = 0.25
 _CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
 
@@ -52,6 +55,9 @@ class RotationStats:
     recompute_fallbacks: int = 0
     sglang_retractions: int = 0
     forced_rotations: int = 0
+    aborted_rotary: int = 0
+    kv_verified: int = 0
+    kv_mismatches: int = 0
     decisions: int = 0
     contended_decisions: int = 0
 
@@ -69,11 +75,24 @@ class RotaSchedRuntime:
         self.stats = RotationStats()
         self.iteration = 0
         self.rotate_every = int(os.environ.get(TEST_ROTATE_INTERVAL_ENV, "0") or 0)
+        self.hold_rotary = int(os.environ.get(TEST_HOLD_ROTARY_ENV, "0") or 0)
+        self.verify = os.environ.get(VERIFY_ENV) == "1"
+        self.digests: dict[str, tuple[int, str]] = {}
         self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self._broadcaster())
         self.engine: RotationEngine | None = None
         self.disabled_reason: str | None = None
         if cfg.scheduler == "rotasched":
             self._init_engine()
+        self.metrics = self._init_metrics()
+
+    def _init_metrics(self) -> Any:
+        from sglang.srt.runtime_context import get_observability
+
+        if not get_observability().enable_metrics:
+            return None
+        from .metrics import RotaSchedMetrics
+
+        return RotaSchedMetrics()
 
     # ---- setup -------------------------------------------------------------------------------
     def _init_engine(self) -> None:
@@ -143,11 +162,17 @@ class RotaSchedRuntime:
         live = [r for r in running_batch.reqs if not r.finished()]
         self.observe(live, now)
         if self.engine is None:
-            return original(sched, running_batch)
-        order = self._step(running_batch, live, now)
-        return self._admit_in_order(original, sched, running_batch, order)
+            plan = original(sched, running_batch)
+        else:
+            order = self._step(running_batch, live, now)
+            plan = self._admit_in_order(original, sched, running_batch, order)
+        if self.metrics is not None:
+            self.metrics.update(self)
+        return plan
 
     def _step(self, running_batch: Any, live: list[Any], now: float) -> list[Any]:
+        if self.cfg.eager_sync:
+            self._eager_sync(live, running_batch)
         views, by_rid = self._views(running_batch, live, now)
         decision = self.sync.decide(lambda: self._decide(views, running_batch, now))
         self.stats.decisions += 1
@@ -157,11 +182,24 @@ class RotaSchedRuntime:
         self._rotate_out(running_batch, out, now)
         for rid in decision.resume:
             self._resume(rid, now)
-        score = {v.rid: vlt(v, now, self.params) for v in views}
-        chosen = set(decision.admit) | set(decision.resume) | set(self.resume_locks)
-        queue = [r for r in self.sched.waiting_queue if r.rid in chosen]
-        queue.sort(key=lambda r: (-score.get(r.rid, 0.0), self.clocks[r.rid].arrival))
+        # Resumed requests first (their KV is back and pinned by our lock), then admissions in
+        # LVF's order. Built from the decision alone so every TP rank offers the same queue.
+        order = [*self.resume_locks, *decision.admit]
+        rank = {rid: i for i, rid in enumerate(order)}
+        queue = [r for r in self.sched.waiting_queue if r.rid in rank]
+        queue.sort(key=lambda r: rank[r.rid])
         return queue
+
+    def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
+        budget = self.cfg.rotation_budget_blocks  # eager copies share the outbound budget
+        for req in live:
+            if budget <= 0:
+                return
+            if self._rotatable(req, running_batch):
+                assert self.engine is not None
+                before = self.engine.bytes_eager_out
+                rotation.eager_sync(self.sched, req, self.engine, max_blocks=budget)
+                budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
         return lvf_decide(views, self._free_blocks(running_batch), self.cfg.rotation_budget_blocks, now, self.params)
@@ -187,9 +225,19 @@ class RotaSchedRuntime:
     def _unlock_admitted(self, admitted: list[Any]) -> None:
         # Admitted requests now hold their own tree lock on the restored prefix.
         for req in admitted:
+            if req.rid in self.digests and req.rid in self.resume_locks:
+                self._verify(req)
             lock = self.resume_locks.pop(req.rid, None)
             if lock is not None:
                 self.sched.tree_cache.unlock(lock)
+
+    def _verify(self, req: Any) -> None:
+        n, digest = self.digests.pop(req.rid)
+        if rotation.device_kv_digest(self.sched, req, n) == digest:
+            self.stats.kv_verified += 1
+        else:
+            self.stats.kv_mismatches += 1
+            logger.error("superinfer: KV of %s changed across rotation (%d tokens)", req.rid, n)
 
     # ---- views for the policy ----------------------------------------------------------------
     def _reserve(self, req: Any) -> float:
@@ -252,12 +300,12 @@ class RotaSchedRuntime:
     def _forced(self, running_batch: Any, live: list[Any], chosen: list[Any]) -> list[Any]:
         if not self.rotate_every or self.iteration % self.rotate_every:
             return []
-        cands = [r for r in live if r not in chosen and self._rotatable(r, running_batch)]
-        if not cands:
-            return []
-        oldest = min(cands, key=lambda r: self.clocks[r.rid].run_start or 0.0)
-        self.stats.forced_rotations += 1
-        return [oldest]
+        # The first rotatable request in batch order: the same choice on every TP rank.
+        for req in live:
+            if req not in chosen and self._rotatable(req, running_batch):
+                self.stats.forced_rotations += 1
+                return [req]
+        return []
 
     def _rotate_out(self, running_batch: Any, reqs: list[Any], now: float) -> None:
         if not reqs:
@@ -269,13 +317,18 @@ class RotaSchedRuntime:
         assert self.engine is not None
         for req in reqs:
             clk = self.clocks[req.rid]
+            if self.verify:
+                n = rotation.restorable_tokens(req)
+                self.digests[req.rid] = (n, rotation.device_kv_digest(self.sched, req, n))
             entry = rotation.rotate_out(self.sched, req, self.engine, now)
             if entry is None:
+                self.engine.untrack(req.rid)  # recomputed KV may differ in its last bits
                 rotation.retract_for_recompute(self.sched, req)
                 clk.recomputes += 1
                 clk.set_state(ReqState.WAITING, now)
                 self.stats.recompute_fallbacks += 1
                 continue
+            entry.paused_iter = self.iteration
             self.rotary[req.rid] = entry
             clk.rotations += 1
             clk.set_state(ReqState.ROTARY, now)
@@ -284,13 +337,13 @@ class RotaSchedRuntime:
     def _resume(self, rid: str, now: float) -> None:
         entry = self.rotary.get(rid)
         assert self.engine is not None
-        if entry is None:
+        if entry is None or self.iteration - entry.paused_iter < self.hold_rotary:
             return
         ok, lock = rotation.resume(self.sched, entry, self.engine)
         if not ok:
             return
         del self.rotary[rid]
-        self.engine.free(entry.host_kv)
+        self.engine.free(entry.host_kv)  # the mirror kept its own references to what it reuses
         self.resume_locks[rid] = lock
         self.sched.waiting_queue.append(entry.req)
         self.clocks[rid].set_state(ReqState.WAITING, now)
@@ -305,20 +358,34 @@ class RotaSchedRuntime:
 
         for rid in [r for r in self.rotary if match(r)]:
             entry = self.rotary.pop(rid)
+            self.stats.aborted_rotary += 1
             if self.engine is not None:
                 self.engine.free(entry.host_kv)
             self.sched.waiting_queue.append(entry.req)
         for rid in [r for r in self.resume_locks if match(r)]:
             self.sched.tree_cache.unlock(self.resume_locks.pop(rid))
         for rid in [r for r in self.clocks if match(r)]:
+            if self.engine is not None:
+                self.engine.untrack(rid)
             del self.clocks[rid]
+            self.digests.pop(rid, None)
 
     def on_finished(self, req: Any) -> dict[str, object] | None:
+        if self.engine is not None:
+            self.engine.untrack(req.rid)
         clk = self.clocks.pop(req.rid, None)
         if clk is None:
             return None
         clk.observe_outputs(len(req.output_ids), time.monotonic())
+        if self.metrics is not None:
+            self.metrics.finished(clk.slo_class, clk.ttft_met, clk.tbt_met)
         return clk.meta_info()
+
+    def forget_kv(self, reqs: list[Any]) -> None:
+        """SGLang retracted these requests to recompute them: their mirrors would be stale."""
+        if self.engine is not None:
+            for req in reqs:
+                self.engine.untrack(req.rid)
 
     def pool_usage(self) -> dict[str, int]:
         if self.engine is None:

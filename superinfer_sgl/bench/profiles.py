@@ -1,0 +1,115 @@
+"""Named benchmark setups. Every number a result depends on lives here (and lands in the JSON).
+
+smoke  CI: two rates, a few short requests, SmolLM2 on CPU (~3-4 min on 2 cores).
+cpu    SmolLM2 on a 2-core CPU: KV budget small enough for memory pressure, SLOs scaled to CPU
+       decode speed, the whole A/B within ~20 minutes.
+gpu    a Llama-3-8B- (or Qwen2.5-32B-) shaped model with random weights (--load-format dummy),
+       ShareGPT-like lengths, the paper's SLOs (TTFT 5 s, TBT 100 ms). Not run here (no machine
+       has both a GPU and sglang); argument building and --dry-run are tested on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..rotasched.slo import DEFAULT_CLASSES, Slo
+from .workloads import SHAREGPT_INPUT, SHAREGPT_OUTPUT, LengthDist
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str
+    kv_tokens: int
+    chunked_prefill: int
+    rates: tuple[float, ...]
+    num_requests: int
+    inputs: LengthDist
+    outputs: LengthDist
+    slo: Slo
+    slo_classes: str
+    class_mix: str
+    systems: tuple[str, ...] = ("sglang", "superinfer")
+    server_flags: tuple[str, ...] = ()
+    our_flags: tuple[str, ...] = ()
+    dummy_model: str | None = None  # a config shape from DUMMY_SHAPES: random weights
+    # Environment for every system alike (e.g. which CPU attention implementation serves torch_native).
+    env: tuple[tuple[str, str], ...] = ()
+    ready_timeout_s: float = 300.0
+    run_timeout_s: float = 900.0
+    notes: tuple[str, ...] = field(default=())
+
+
+# CPU SLO classes scaled like the cpu profile's default SLO (interactive tight, batch loose).
+CPU_CLASSES = json.dumps({
+    "interactive": {"ttft_ms": 2000, "tbt_ms": 250},
+    "standard": {"ttft_ms": 6000, "tbt_ms": 400},
+    "batch": {"ttft_ms": 30000, "tbt_ms": 1500},
+})
+
+# SmolLM2 on 2 CPU cores: prompts and outputs scaled down from ShareGPT so that a few requests
+# at a time fill a 2048-token KV budget and a sweep point takes about a minute.
+CPU_INPUT = LengthDist(median=160, sigma=0.6, lo=48, hi=480)
+CPU_OUTPUT = LengthDist(median=48, sigma=0.5, lo=16, hi=128)
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        name="smoke", device="cpu", kv_tokens=1024, chunked_prefill=256, rates=(0.5, 2.0), num_requests=6,
+        inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
+        slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
+        ready_timeout_s=240.0, run_timeout_s=120.0,
+    ),
+    "cpu": Profile(
+        name="cpu", device="cpu", kv_tokens=2048, chunked_prefill=512, rates=(0.25, 0.5, 0.75, 1.0, 1.5),
+        num_requests=40, inputs=CPU_INPUT, outputs=CPU_OUTPUT,
+        slo=Slo(6000, 400), slo_classes=CPU_CLASSES, class_mix="interactive:1,standard:1,batch:1",
+        run_timeout_s=420.0,
+    ),
+    "gpu": Profile(
+        name="gpu", device="cuda", kv_tokens=65536, chunked_prefill=8192, rates=(4, 8, 12, 16, 20, 24),
+        num_requests=600, inputs=SHAREGPT_INPUT, outputs=SHAREGPT_OUTPUT,
+        slo=Slo(5000, 100), slo_classes=DEFAULT_CLASSES, class_mix="interactive:1,standard:1,batch:1",
+        systems=("sglang", "superinfer"), server_flags=("--load-format", "dummy"),
+        dummy_model="llama3-8b", ready_timeout_s=900.0, run_timeout_s=1200.0,
+    ),
+}
+
+# Model shapes for random-weight GPU runs (config.json fields of the public models).
+DUMMY_SHAPES: dict[str, dict[str, object]] = {
+    "llama3-8b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 8192,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+        "attention_bias": False, "torch_dtype": "bfloat16",
+    },
+    "qwen2.5-32b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
+        "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 40,
+        "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+        "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 64,
+        "torch_dtype": "bfloat16",
+    },
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "generation_config.json")
+
+
+def make_dummy_model(shape: str, tokenizer_dir: Path, out_dir: Path) -> Path:
+    """A model folder of the given shape: config.json + the SmolLM2 tokenizer (weights: dummy)."""
+    if shape not in DUMMY_SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; known: {sorted(DUMMY_SHAPES)}")
+    target = out_dir / f"dummy-{shape}"
+    target.mkdir(parents=True, exist_ok=True)
+    tok_cfg = json.loads((tokenizer_dir / "config.json").read_text())
+    cfg = {**DUMMY_SHAPES[shape], "bos_token_id": tok_cfg.get("bos_token_id", 1),
+           "eos_token_id": tok_cfg.get("eos_token_id", 2), "pad_token_id": tok_cfg.get("pad_token_id", 2)}
+    (target / "config.json").write_text(json.dumps(cfg, indent=2))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, target / name)
+    return target

@@ -1,0 +1,273 @@
+"""The systems under test: their command lines, and server processes that are always stopped.
+
+Every system gets the same shared flags (model, KV budget, chunked prefill, dtype, device flags,
+metrics, loopback host and a free port); only the module and a few system flags differ:
+  sglang           stock `python -m sglang.launch_server` (+ SUPERINFER_CPU_COMPAT=1 on CPU only)
+  sglang-priority  the same with --enable-priority-scheduling (requests carry a priority)
+  superinfer       `python -m superinfer_sgl.launch_server` (RotaSched + DuplexKV)
+On CPU the shared flags include exactly the device flags our launcher would add
+(superinfer_sgl.device_defaults), so the stock baseline runs the same attention backend.
+
+Each server runs in its own session (process group). Servers register themselves; `stop_all`
+runs at exit and on SIGINT/SIGTERM/SIGHUP, terminates every group and reports what is left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+
+from ..config import CONFIG_ENV
+from ..device_defaults import device_defaults
+from ..launch_server import apply_device_defaults
+from ..plugin import CPU_COMPAT_ENV
+
+HOST = "127.0.0.1"
+STOCK_MODULE = "sglang.launch_server"
+OUR_MODULE = "superinfer_sgl.launch_server"
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    module: str
+    flags: tuple[str, ...] = ()
+    uses_priority: bool = False
+
+    @property
+    def ours(self) -> bool:
+        return self.module == OUR_MODULE
+
+
+def systems(our_flags: tuple[str, ...]) -> dict[str, SystemSpec]:
+    return {
+        "sglang": SystemSpec("sglang", STOCK_MODULE),
+        "sglang-priority": SystemSpec("sglang-priority", STOCK_MODULE, ("--enable-priority-scheduling",),
+                                      uses_priority=True),
+        "superinfer": SystemSpec("superinfer", OUR_MODULE, our_flags),
+    }
+
+
+def noise_twin(spec: SystemSpec) -> SystemSpec:
+    """A second, identical instance of a system (stock vs stock shows the run-to-run noise)."""
+    return SystemSpec(spec.name + "#2", spec.module, spec.flags, spec.uses_priority)
+
+
+def shared_flags(model: str, kv_tokens: int, chunked_prefill: int, device: str,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """Flags every system gets, device defaults of our launcher included."""
+    argv = ["--model-path", model, "--device", device, "--max-total-tokens", str(kv_tokens),
+            "--chunked-prefill-size", str(chunked_prefill), "--enable-metrics", *extra]
+    return apply_device_defaults(argv, device_defaults(argv))
+
+
+def is_cpu(shared: list[str]) -> bool:
+    return "--device" in shared and shared[shared.index("--device") + 1] == "cpu"
+
+
+def command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
+    return [sys.executable, "-m", spec.module, *shared, *spec.flags, "--host", HOST, "--port", str(port)]
+
+
+def environment(spec: SystemSpec, shared: list[str], base: dict[str, str] | None = None,
+                extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Stock SGLang: our plugin inert (no config), only the CPU-compat patch on CPU. `extra` (the
+    same for every system, e.g. SUPERINFER_CPU_ATTENTION) is applied last."""
+    env = dict(os.environ if base is None else base)
+    env.pop(CONFIG_ENV, None)
+    if is_cpu(shared):
+        env[CPU_COMPAT_ENV] = "1"
+    else:
+        env.pop(CPU_COMPAT_ENV, None)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class ServerError(RuntimeError):
+    """A server failed to start or died; the message carries the tail of its log."""
+
+
+@dataclass
+class ServerProcess:
+    spec: SystemSpec
+    cmd: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    proc: subprocess.Popen | None = None
+    pids: set[int] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            log.write("$ " + " ".join(self.cmd) + "\n")
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        _LIVE.add(self)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until /health_generate answers 200 (a real generation passed), or raise ServerError."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._track()
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.spec.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=60).status_code == 200:
+                    self._track()
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"{self.spec.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _track(self) -> None:
+        """Remember every descendant, in case one leaves the process group."""
+        if self.proc is None:
+            return
+        try:
+            root = psutil.Process(self.proc.pid)
+            self.pids |= {root.pid, *(c.pid for c in root.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            pass
+
+    def stop(self, grace_s: float = 20.0) -> list[int]:
+        """SIGTERM the group (SGLang drains and exits), SIGKILL what is left; return survivors."""
+        if self.proc is None:
+            return []
+        self._track()
+        pgid = self.proc.pid  # start_new_session: the launcher leads its own group
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self._survivors(pgid):
+            time.sleep(0.25)
+        if self._survivors(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            for pid in self._survivors(pgid):
+                _kill(pid)
+            time.sleep(1.0)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        _LIVE.discard(self)
+        return self._survivors(pgid)
+
+    def _survivors(self, pgid: int) -> list[int]:
+        left = set()
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == pgid and _alive(p.pid):
+                    left.add(p.pid)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        left |= {pid for pid in self.pids if _alive(pid)}
+        return sorted(left)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(spec: SystemSpec, shared: list[str], log_path: Path, ready_timeout_s: float,
+           extra_env: dict[str, str] | None = None) -> ServerProcess:
+    install_cleanup()
+    port = free_port()
+    env = environment(spec, shared, extra=extra_env)
+    server = ServerProcess(spec, command(spec, shared, port), env, log_path, port)
+    server.start()
+    try:
+        server.wait_ready(ready_timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+# ---- process-wide cleanup --------------------------------------------------------------------
+_LIVE: set[ServerProcess] = set()
+_INSTALLED = False
+_LOCK = threading.Lock()
+
+
+def stop_all() -> list[int]:
+    """Stop every server this process started; return pids that survived (should be none)."""
+    left: list[int] = []
+    for server in list(_LIVE):
+        left += server.stop()
+    return left
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    left = stop_all()
+    if left:
+        print(f"ab_bench: processes left after stopping servers: {left}", file=sys.stderr)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def install_cleanup() -> None:
+    """atexit + SIGINT/SIGTERM/SIGHUP handlers (main thread only), installed once."""
+    global _INSTALLED
+    with _LOCK:
+        if _INSTALLED:
+            return
+        _INSTALLED = True
+    atexit.register(stop_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _on_signal)

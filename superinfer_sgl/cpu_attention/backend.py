@@ -1,0 +1,191 @@
+"""SuperInferCpuAttnBackend: SGLang's torch_native attention backend with batched CPU kernels.
+
+SGLang builds it for `--attention-backend torch_native` once patches/cpu_attention_backend.py has
+swapped it in for TorchNativeAttnBackend (a subclass, so every `torch_native` check in SGLang,
+e.g. its torch fallbacks for Triton-only helpers, still applies). Per forward pass it builds one
+plan (init_forward_metadata); each layer then runs:
+
+- decode: one call for all requests (the C kernel in native.py, or paged.decode_attention);
+- extend: one SDPA per request over only the new tokens (prefix-offset causal mask), or the
+  decode kernel when every request extends by exactly one token.
+
+Unsupported (raises UnsupportedAttentionError, at construction where the model shows it):
+sliding-window layers or pools, logit soft-capping, cross/encoder-only/bidirectional attention.
+Forward modes other than decode/extend/mixed/split-prefill (speculative verify, draft extend)
+fall back to the stock torch_native code.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from sglang.srt.layers.attention import torch_native_backend as _torch_native
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from . import kernel_choice, native, paged
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+# Modes whose extend is plain causal prefill over the paged pool (what plan_extend models).
+_EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.SPLIT_PREFILL)
+
+
+class UnsupportedAttentionError(NotImplementedError):
+    """A model or layer feature this backend does not implement (set SUPERINFER_CPU_ATTENTION=0)."""
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Inputs of the decode kernels for one forward: one query row per request."""
+
+    req_pool_indices: torch.Tensor  # [B] int64, contiguous
+    seq_lens: torch.Tensor  # [B] int64, contiguous (include the token being decoded)
+    max_len: int
+    torch_plan: paged.DecodePlan | None  # built only when the torch kernel runs
+
+
+@dataclass(frozen=True)
+class ExtendStep:
+    segments: list[paged.ExtendSegment]
+
+
+def check_layer(layer: RadixAttention) -> None:
+    """Raise for any attention feature this backend would silently get wrong."""
+    where = f"layer {layer.layer_id}"
+    if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+        raise UnsupportedAttentionError(f"{where}: sliding-window attention is not supported")
+    if layer.logit_cap and layer.logit_cap > 0:
+        raise UnsupportedAttentionError(f"{where}: logit soft-capping ({layer.logit_cap}) is not supported")
+    if layer.is_cross_attention:
+        raise UnsupportedAttentionError(f"{where}: cross-attention is not supported")
+    if layer.attn_type != AttentionType.DECODER:
+        raise UnsupportedAttentionError(f"{where}: {layer.attn_type} attention is not supported")
+
+
+class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
+    def __init__(self, model_runner: ModelRunner):
+        super().__init__(model_runner)
+        if self.use_sliding_window_kv_pool:
+            raise UnsupportedAttentionError("sliding-window KV pools are not supported")
+        self.kernel = _resolve_kernel(kernel_choice())
+        self._checked_layers: set[int] = set()
+        self._step: DecodeStep | ExtendStep | None = None
+        self._step_batch: ForwardBatch | None = None
+        model = getattr(model_runner, "model", None)
+        if model is not None:
+            for module in model.modules():
+                if isinstance(module, RadixAttention):
+                    self._check_once(module)
+        logger.info("superinfer cpu attention active (decode kernel: %s)", self.kernel)
+
+    # ---- planning: once per forward pass ----
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        super().init_forward_metadata(forward_batch)
+        self._step = self._plan(forward_batch)
+        self._step_batch = forward_batch
+
+    def _plan(self, fb: ForwardBatch) -> DecodeStep | ExtendStep | None:
+        mode = fb.forward_mode
+        if fb.encoder_lens is not None or not (mode.is_decode() or mode in _EXTEND_MODES):
+            return None  # stock path
+        if mode.is_decode():
+            return self._plan_decode(fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu)
+        extend_lens = _host_list(fb.extend_seq_lens_cpu, fb.extend_seq_lens)
+        if extend_lens and all(n == 1 for n in extend_lens):
+            return self._plan_decode(fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu)
+        return ExtendStep(
+            paged.plan_extend(
+                self.req_to_token_pool.req_to_token,
+                fb.req_pool_indices.tolist(),
+                _host_list(None, fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens),
+                _host_list(fb.extend_prefix_lens_cpu, fb.extend_prefix_lens),
+                extend_lens,
+            )
+        )
+
+    def _plan_decode(self, req_pool_indices, seq_lens, seq_lens_cpu) -> DecodeStep:
+        host = seq_lens_cpu if seq_lens_cpu is not None else seq_lens
+        max_len = int(host.max()) if host.numel() else 0
+        rpi = req_pool_indices.to(torch.int64).contiguous()
+        lens = seq_lens.to(torch.int64).contiguous()
+        torch_plan = None
+        if self.kernel == "torch":
+            torch_plan = paged.plan_decode(self.req_to_token_pool.req_to_token, rpi, lens, max_len)
+        return DecodeStep(rpi, lens, max_len, torch_plan)
+
+    def _current_step(self, forward_batch: ForwardBatch) -> DecodeStep | ExtendStep | None:
+        if self._step_batch is not forward_batch:  # a caller skipped init_forward_metadata
+            self.init_forward_metadata(forward_batch)
+        return self._step
+
+    # ---- per layer ----
+
+    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kw):
+        step = self._current_step(forward_batch)
+        if not isinstance(step, DecodeStep):
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, step)
+
+    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kw):
+        step = self._current_step(forward_batch)
+        if step is None:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, step)
+
+    def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, step: DecodeStep | ExtendStep):
+        self._check_once(layer)
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
+            )
+        q_ = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q_.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+        o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        scale = layer.scaling if layer.scaling is not None else layer.qk_head_dim**-0.5
+        if isinstance(step, ExtendStep):
+            paged.extend_attention(q_, k_cache, v_cache, step.segments, scale, o_)
+        elif step.torch_plan is None and native.supports(q_, k_cache):
+            native.decode_attention(
+                q_, k_cache, v_cache, self.req_to_token_pool.req_to_token,
+                step.req_pool_indices, step.seq_lens, step.max_len, scale, o_,
+            )  # fmt: skip
+        else:
+            plan = step.torch_plan or paged.plan_decode(
+                self.req_to_token_pool.req_to_token, step.req_pool_indices, step.seq_lens, step.max_len
+            )
+            paged.decode_attention(q_, k_cache, v_cache, plan, scale, o_)
+        return o
+
+    def _check_once(self, layer: RadixAttention) -> None:
+        if layer.layer_id not in self._checked_layers:
+            check_layer(layer)
+            self._checked_layers.add(layer.layer_id)
+
+
+def _resolve_kernel(choice: str) -> str:
+    if choice == "torch":
+        return "torch"
+    if native.load() is not None:
+        return "native"
+    if choice == "native":
+        raise RuntimeError("SUPERINFER_CPU_ATTENTION_KERNEL=native but the C kernel could not be built")
+    return "torch"
+
+
+def _host_list(host: list[int] | None, tensor: torch.Tensor | None) -> list[int]:
+    if host is not None:
+        return [int(x) for x in host]
+    assert tensor is not None, "extend batch without lengths"
+    return tensor.tolist()

@@ -1,0 +1,131 @@
+/* Paged decode attention on the CPU: one query token per request, K/V read in place from the
+ * token-slot pool (no gather copy). Built at first use by native.py with
+ *   gcc -O3 -march=native -fopenmp -shared -fPIC
+ * and called through ctypes; torch's own libgomp (soname libgomp.so.1, loaded first) serves
+ * the OpenMP pragmas, so this shares torch's thread pool.
+ *
+ * Layouts (strides in elements):
+ *   q    [B, Hq, D]      q_sb, q_sh        (last dim contiguous)
+ *   k/v  [slots, Hkv, D] kv_ss, kv_sh      (last dim contiguous; K and V share strides)
+ *   out  [B, Hq, Dv]     o_sb, o_sh
+ *   req_to_token [rows, r2t_s] int32; req_pool_indices [B] int64; seq_lens [B] int64
+ * Query head hq uses KV head hq / G, G = Hq / Hkv (GQA), as torch SDPA's enable_gqa does.
+ * Softmax is exact (two passes over the keys), in float32: scores are kept per work item.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_G 32
+#define MAX_D 256
+#define PREFETCH 8 /* rows ahead: slots are scattered, so the hardware prefetcher cannot guess */
+
+static inline void prefetch_row(const void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 1);
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } x;
+    x.u = ((uint32_t)h) << 16;
+    return x.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    union { uint32_t u; float f; } x;
+    x.f = f;
+    if ((x.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x.u >> 16) | 0x40u); /* NaN */
+    x.u += 0x7fffu + ((x.u >> 16) & 1u); /* round to nearest even, as torch does */
+    return (uint16_t)(x.u >> 16);
+}
+
+/* One (request, KV head) work item, for element type T with loader LOAD and storer STORE. */
+#define DEFINE_ITEM(NAME, T, LOAD, STORE)                                                        \
+static void NAME(const T *q, const T *k, const T *v, T *out, const int32_t *slots, int64_t len,   \
+                 int G, int D, int Dv, int64_t q_sh, int64_t o_sh, int64_t kv_ss, float scale,    \
+                 float *scores) {                                                                 \
+    float qf[MAX_G][MAX_D];                                                                       \
+    float acc[MAX_G][MAX_D];                                                                      \
+    float mx[MAX_G], den[MAX_G];                                                                  \
+    for (int g = 0; g < G; ++g) {                                                                 \
+        for (int d = 0; d < D; ++d) qf[g][d] = LOAD(q[g * q_sh + d]) * scale;                    \
+        for (int d = 0; d < Dv; ++d) acc[g][d] = 0.f;                                             \
+        mx[g] = -INFINITY;                                                                        \
+        den[g] = 0.f;                                                                             \
+    }                                                                                             \
+    for (int64_t j = 0; j < len; ++j) {                                                           \
+        const T *kr = k + (int64_t)slots[j] * kv_ss;                                              \
+        if (j + PREFETCH < len) prefetch_row(k + (int64_t)slots[j + PREFETCH] * kv_ss, D * sizeof(T)); \
+        float kf[MAX_D];                                                                          \
+        for (int d = 0; d < D; ++d) kf[d] = LOAD(kr[d]);                                          \
+        for (int g = 0; g < G; ++g) {                                                             \
+            float s = 0.f;                                                                        \
+            _Pragma("omp simd reduction(+:s)")                                                    \
+            for (int d = 0; d < D; ++d) s += qf[g][d] * kf[d];                                    \
+            scores[g * len + j] = s;                                                              \
+            if (s > mx[g]) mx[g] = s;                                                             \
+        }                                                                                         \
+    }                                                                                             \
+    for (int g = 0; g < G; ++g) {                                                                 \
+        float *sg = scores + g * len, m = mx[g], sum = 0.f;                                       \
+        for (int64_t j = 0; j < len; ++j) { sg[j] = expf(sg[j] - m); sum += sg[j]; }              \
+        den[g] = sum;                                                                             \
+    }                                                                                             \
+    for (int64_t j = 0; j < len; ++j) {                                                           \
+        const T *vr = v + (int64_t)slots[j] * kv_ss;                                              \
+        if (j + PREFETCH < len) prefetch_row(v + (int64_t)slots[j + PREFETCH] * kv_ss, Dv * sizeof(T)); \
+        float vf[MAX_D];                                                                          \
+        for (int d = 0; d < Dv; ++d) vf[d] = LOAD(vr[d]);                                         \
+        for (int g = 0; g < G; ++g) {                                                             \
+            float p = scores[g * len + j];                                                        \
+            _Pragma("omp simd")                                                                   \
+            for (int d = 0; d < Dv; ++d) acc[g][d] += p * vf[d];                                  \
+        }                                                                                         \
+    }                                                                                             \
+    for (int g = 0; g < G; ++g) {                                                                 \
+        float inv = 1.f / den[g];                                                                 \
+        for (int d = 0; d < Dv; ++d) out[g * o_sh + d] = STORE(acc[g][d] * inv);                  \
+    }                                                                                             \
+}
+
+#define LOAD_F32(x) (x)
+#define STORE_F32(x) (x)
+#define LOAD_BF16(x) bf16_to_f32(x)
+#define STORE_BF16(x) f32_to_bf16(x)
+
+DEFINE_ITEM(item_f32, float, LOAD_F32, STORE_F32)
+DEFINE_ITEM(item_bf16, uint16_t, LOAD_BF16, STORE_BF16)
+
+/* Returns 0 on success, a negative code for an unsupported shape (the caller falls back). */
+#define DEFINE_ENTRY(NAME, ITEM, T)                                                              \
+int NAME(const T *q, int64_t q_sb, int64_t q_sh, const T *k_cache, const T *v_cache,             \
+         int64_t kv_ss, int64_t kv_sh, const int32_t *req_to_token, int64_t r2t_s,                \
+         const int64_t *req_pool_indices, const int64_t *seq_lens, T *out, int64_t o_sb,          \
+         int64_t o_sh, int B, int Hq, int Hkv, int D, int Dv, float scale, int max_len,           \
+         int num_threads) {                                                                       \
+    if (Hkv <= 0 || Hq % Hkv != 0) return -1;                                                     \
+    const int G = Hq / Hkv;                                                                       \
+    if (G > MAX_G || D > MAX_D || Dv > MAX_D) return -2;                                          \
+    const int64_t items = (int64_t)B * Hkv;                                                       \
+    int bad = 0;                                                                                  \
+    _Pragma("omp parallel num_threads(num_threads) reduction(|:bad)")                            \
+    {                                                                                             \
+        float *scores = (float *)malloc(sizeof(float) * (size_t)G * (size_t)(max_len > 0 ? max_len : 1)); \
+        if (!scores) bad = 1;                                                                     \
+        _Pragma("omp for schedule(dynamic, 1)")                                                   \
+        for (int64_t it = 0; it < items; ++it) {                                                  \
+            if (!scores) continue;                                                                \
+            const int64_t b = it / Hkv, h = it % Hkv, len = seq_lens[b];                          \
+            if (len <= 0 || len > max_len) { bad = 1; continue; }                                 \
+            const int32_t *slots = req_to_token + req_pool_indices[b] * r2t_s;                    \
+            ITEM(q + b * q_sb + h * G * q_sh, k_cache + h * kv_sh, v_cache + h * kv_sh,           \
+                 out + b * o_sb + h * G * o_sh, slots, len, G, D, Dv, q_sh, o_sh, kv_ss, scale,   \
+                 scores);                                                                         \
+        }                                                                                         \
+        free(scores);                                                                             \
+    }                                                                                             \
+    return bad ? -3 : 0;                                                                          \
+}
+
+DEFINE_ENTRY(superinfer_paged_decode_f32, item_f32, float)
+DEFINE_ENTRY(superinfer_paged_decode_bf16, item_bf16, uint16_t)

@@ -1,0 +1,166 @@
+"""Build (once, with the system C compiler) and call the C paged-decode kernel in csrc/.
+
+Why C: decode attention is memory-bound, and the torch path must copy every request's K/V out
+of the pool before it can use BLAS; the kernel reads each K/V row once, in place, straight from
+the pool through req_to_token, and keeps the softmax in float32.
+
+Why ctypes and not a torch extension: a plain C file builds in about a second with gcc and needs
+no torch headers or ninja. The .so is cached under $SUPERINFER_CACHE_DIR (default
+~/.cache/superinfer_sgl)/cpu_attention/, keyed by a hash of the source, the compiler and the
+CPU's flags (it is built with -march=native). When no compiler is found or the build fails,
+`load()` returns None and callers use the torch path in paged.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+_ENTRY = {torch.float32: "superinfer_paged_decode_f32", torch.bfloat16: "superinfer_paged_decode_bf16"}
+_ERRORS = {-1: "query heads not a multiple of KV heads", -2: "group or head_dim too large", -3: "bad seq_lens or out of memory"}
+
+
+class NativeKernelError(RuntimeError):
+    """The C kernel rejected its inputs."""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SUPERINFER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "superinfer_sgl")
+    return Path(root) / "cpu_attention"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build_key(compiler: str) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes().decode(), " ".join(CFLAGS), version, _cpu_flags()):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build to a private name, then rename: concurrent builders (TP ranks) never see a partial file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    try:
+        cmd = [compiler, *CFLAGS, "-o", str(partial), str(SOURCE), "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+        if proc.returncode != 0:
+            raise OSError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    for name in _ENTRY.values():
+        fn = getattr(lib, name)
+        fn.restype = i32
+        fn.argtypes = [
+            ptr, i64, i64,  # q, q_sb, q_sh
+            ptr, ptr, i64, i64,  # k_cache, v_cache, kv_ss, kv_sh
+            ptr, i64,  # req_to_token, r2t_s
+            ptr, ptr,  # req_pool_indices, seq_lens
+            ptr, i64, i64,  # out, o_sb, o_sh
+            i32, i32, i32, i32, i32,  # B, Hq, Hkv, D, Dv
+            f32, i32, i32,  # scale, max_len, num_threads
+        ]
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library, building it on first use; None if it cannot be built."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        logger.warning("superinfer cpu attention: no C compiler found; using the torch decode path")
+        return None
+    try:
+        target = _cache_dir() / f"paged_decode-{_build_key(compiler)}.so"
+        if not target.exists():
+            _build(compiler, target)
+        lib = ctypes.CDLL(str(target))
+        _declare(lib)
+        return lib
+    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+        logger.warning("superinfer cpu attention: C kernel unavailable (%s); using the torch decode path", exc)
+        return None
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype in SUPPORTED_DTYPES
+        and k_cache.dtype == q.dtype
+        and load() is not None
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Same contract as paged.decode_attention, reading slots from req_to_token directly.
+
+    req_pool_indices and seq_lens must be int64 and contiguous; req_to_token int32 with
+    contiguous rows; max_len >= max(seq_lens) and <= req_to_token.shape[1].
+    """
+    lib = load()
+    assert lib is not None, "native kernel not available: check supports() first"
+    batch, hq, dim = q.shape
+    hkv, dv = k_cache.shape[1], v_cache.shape[2]
+    assert q.dtype == k_cache.dtype == v_cache.dtype == out.dtype and q.dtype in SUPPORTED_DTYPES
+    assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    assert k_cache.stride()[:2] == v_cache.stride()[:2], "K and V pools must share strides"
+    assert out.shape == (batch, hq, dv) and k_cache.shape[2] == dim
+    assert req_to_token.dtype == torch.int32 and req_to_token.stride(1) == 1
+    assert max_len <= req_to_token.shape[1]
+    assert req_pool_indices.dtype == torch.int64 and req_pool_indices.is_contiguous()
+    assert seq_lens.dtype == torch.int64 and seq_lens.is_contiguous()
+    assert req_pool_indices.shape == (batch,) and seq_lens.shape == (batch,)
+    if batch == 0:
+        return out
+    rc = getattr(lib, _ENTRY[q.dtype])(
+        q.data_ptr(), q.stride(0), q.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+        req_to_token.data_ptr(), req_to_token.stride(0),
+        req_pool_indices.data_ptr(), seq_lens.data_ptr(),
+        out.data_ptr(), out.stride(0), out.stride(1),
+        batch, hq, hkv, dim, dv,
+        scale, max_len, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise NativeKernelError(f"paged decode kernel failed ({rc}: {_ERRORS.get(rc, 'unknown')})")
+    return out

@@ -1,0 +1,224 @@
+"""Transfer paths: how one batch of token slots moves between the device pool and host blocks.
+
+Every path takes (slots, blocks) with token i of `slots` in block blocks[i // block_tokens], row
+i % block_tokens, and copies on the current stream (the engine picks the stream).
+  torch          per layer, index_select / index_put vectorised over tokens (the CPU path)
+  naive          one copy per page per layer per K/V, page = block_tokens tokens (what stock swap does)
+  triton-direct  one kernel launch reads/writes pinned host memory directly
+  triton-dma     one kernel launch gathers into device staging, then one DMA per contiguous run of
+                 host blocks per direction (one in total when the blocks are contiguous)
+On CUDA every path except torch is asynchronous with respect to the host (pinned host memory,
+non_blocking copies); the torch path's .cpu() synchronises its stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from superinfer_sgl.duplexkv.device_pool import DevicePoolView
+from superinfer_sgl.duplexkv.host_pool import HostKVPool
+
+TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
+_SUPERCHIPS = ("GH200", "GB200", "GB300")
+
+
+def pick_transfer(device: torch.device | str) -> str:
+    """Default transfer path for a device.
+
+    CPU: "torch" (Triton would need the interpreter). CUDA: "triton-dma", except on superchips with
+    NVLink-C2C (GH200/GB200), where "triton-direct". Why: over PCIe the copy engines reach near-peak
+    bandwidth on MB-sized copies and use no SMs, while a kernel touching host memory directly needs
+    many SMs in flight to hide PCIe latency, and those SMs are taken from the forward pass; the
+    staging gather runs at HBM speed on a few SMs. Over coherent C2C, direct access is fast and skips
+    the staging pass. To be confirmed by scripts/bench_kv_transfer.py on each GPU (not yet measured).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "torch"
+    name = torch.cuda.get_device_properties(device).name
+    return "triton-direct" if any(chip in name for chip in _SUPERCHIPS) else "triton-dma"
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_int(t: torch.Tensor) -> torch.Tensor:
+    """Same-width integer view: indexing ops exist for every integer type but not for fp8, and bits
+    move unchanged."""
+    return t.view(_SAME_WIDTH_INT[t.element_size()])
+
+
+def _int_buffers(dev: DevicePoolView) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return [_as_int(b) for b in dev.k_buffers], [_as_int(b) for b in dev.v_buffers]
+
+
+class TransferPath(Protocol):
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None: ...
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None: ...
+
+
+class _TorchOpsPath:
+    """Base of the paths built from torch ops, which see every buffer as same-width integers."""
+
+    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
+        self.dev, self.host = dev, host
+        self.kv = _int_buffers(dev)
+        self.data = _as_int(host.data)
+
+
+class _TorchPath(_TorchOpsPath):
+    def _rows(self, n: int, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        tok = torch.arange(n)
+        return torch.tensor(blocks, dtype=torch.int64)[tok // self.host.block_tokens], tok % self.host.block_tokens
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate(self.kv):
+                self.data[block, layer, kv, row] = bufs[layer].index_select(0, slots).cpu()
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate(self.kv):
+                rows = self.data[block, layer, kv, row].to(self.dev.device, non_blocking=True)
+                bufs[layer].index_copy_(0, slots, rows)
+
+
+class _NaivePath(_TorchOpsPath):
+    """The baseline: a copy per page per layer per K/V. A page whose slots form a contiguous run is one
+    slice copy (as in a paged pool); a scattered page needs an index gather first."""
+
+    def _pages(self, slots: torch.Tensor, blocks: list[int]) -> Iterator[tuple[int, int, slice | torch.Tensor]]:
+        cpu = slots.cpu()
+        bt = self.host.block_tokens
+        for j, block in enumerate(blocks):
+            page = cpu[j * bt : (j + 1) * bt]
+            first, m = int(page[0]), page.numel()
+            run = torch.equal(page, torch.arange(first, first + m, dtype=page.dtype))
+            yield block, m, slice(first, first + m) if run else page.to(self.dev.device)
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        for block, m, src in self._pages(slots, blocks):
+            for layer in range(self.dev.layers):
+                for kv, bufs in enumerate(self.kv):
+                    self.data[block, layer, kv, :m].copy_(bufs[layer][src], non_blocking=True)
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        for block, m, dst in self._pages(slots, blocks):
+            for layer in range(self.dev.layers):
+                for kv, bufs in enumerate(self.kv):
+                    bufs[layer][dst] = self.data[block, layer, kv, :m].to(self.dev.device, non_blocking=True)
+
+
+class _TritonDirectPath:
+    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
+        self.kernels = _import_kernels()
+        self.dev, self.host = dev, host
+        self.launch = dict(layer_shape=dev.layer_shape, dtype=dev.dtype, max_programs=max_programs)
+
+    def _ids(self, blocks: list[int]) -> torch.Tensor:
+        return torch.tensor(blocks, dtype=torch.int64).to(self.dev.device, non_blocking=True)
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        d = self.dev
+        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        d = self.dev
+        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
+
+
+class _TritonDmaPath(_TritonDirectPath):
+    def _staging(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (num_blocks, *self.host.data.shape[1:])
+        staging = torch.empty(shape, dtype=self.dev.dtype, device=self.dev.device)
+        return staging, torch.arange(num_blocks, device=self.dev.device)
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        d = self.dev
+        staging, ids = self._staging(len(blocks))
+        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
+        for start, first, length in _runs(blocks):
+            self.host.data[first : first + length].copy_(staging[start : start + length], non_blocking=True)
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        d = self.dev
+        staging, ids = self._staging(len(blocks))
+        for start, first, length in _runs(blocks):
+            staging[start : start + length].copy_(self.host.data[first : first + length], non_blocking=True)
+        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
+
+
+def _import_kernels():
+    """Lazy: the torch and naive paths must work where Triton cannot run."""
+    try:
+        import superinfer_kernels
+    except ImportError as e:
+        raise ImportError("Triton transfer paths need the superinfer_kernels package (triton_kernels/)") from e
+    return superinfer_kernels
+
+
+PATHS: dict[str, type] = {
+    "torch": _TorchPath,
+    "naive": _NaivePath,
+    "triton-direct": _TritonDirectPath,
+    "triton-dma": _TritonDmaPath,
+}
+
+
+def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> TransferPath:
+    return PATHS[transfer](dev, host, max_programs)
+
+
+def _runs(blocks: list[int]) -> Iterator[tuple[int, int, int]]:
+    """Maximal runs of consecutive block ids as (position in `blocks`, first id, length)."""
+    start = 0
+    for i in range(1, len(blocks) + 1):
+        if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
+            yield start, blocks[start], i - start
+            start = i
+
+
+# ---------------------------------------------------------------- batching several requests into one launch
+
+Part = tuple[torch.Tensor, list[int]]  # (slots of some tokens, the host blocks they fill from row 0)
+
+
+def gather_batch(parts: list[Part], block_tokens: int) -> Part:
+    """One device-to-host launch for several requests. A path maps token i to block i // block_tokens,
+    so every part but the last is padded to whole blocks by repeating its last slot: those copies land
+    in host rows past the part's tokens, which no reader looks at (HostKV leaves them undefined)."""
+    slots: list[torch.Tensor] = []
+    blocks: list[int] = []
+    for i, (s, b) in enumerate(parts):
+        assert s.numel() > 0 and -(-s.numel() // block_tokens) == len(b), (s.numel(), len(b))
+        pad = len(b) * block_tokens - s.numel()
+        slots.append(torch.cat([s, s[-1:].expand(pad)]) if pad and i < len(parts) - 1 else s)
+        blocks += b
+    return torch.cat(slots) if len(slots) > 1 else slots[0], blocks
+
+
+def scatter_batches(parts: list[Part], block_tokens: int) -> list[Part]:
+    """Host-to-device launches for several requests. Padding would write device rows, so partial last
+    blocks cannot be padded: one launch takes every whole block plus one partial block (at its end),
+    and each other partial block gets a launch of its own (one block each)."""
+    full_slots: list[torch.Tensor] = []
+    full_blocks: list[int] = []
+    partial: list[Part] = []
+    for s, b in parts:
+        whole = s.numel() // block_tokens
+        full_slots.append(s[: whole * block_tokens])
+        full_blocks += b[:whole]
+        if s.numel() > whole * block_tokens:
+            partial.append((s[whole * block_tokens :], b[whole:]))
+    if partial:
+        s, b = partial.pop()
+        full_slots.append(s)
+        full_blocks += b
+    main = (torch.cat(full_slots), full_blocks) if full_blocks else None
+    return ([main] if main else []) + partial

@@ -1,0 +1,62 @@
+"""superinfer_-prefixed Prometheus series, exported through SGLang's /metrics (--enable-metrics).
+
+SGLang runs prometheus_client in multiprocess mode; series created here in the scheduler process
+land in its PROMETHEUS_MULTIPROC_DIR and the HTTP process aggregates them. prometheus_client must
+therefore be imported only after SGLang has set that directory, i.e. lazily, in the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RotaSchedMetrics:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.rotations_out = Counter("superinfer_rotations_out", "Requests rotated out to host memory")
+        self.resumes = Counter("superinfer_resumes", "Rotary requests resumed on the device")
+        self.recompute_fallbacks = Counter(
+            "superinfer_recompute_fallbacks", "Rotations that fell back to retract-and-recompute")
+        self.sglang_retractions = Counter(
+            "superinfer_sglang_retractions", "SGLang decode-OOM retractions (recomputed)")
+        self.bytes_moved = Counter("superinfer_rotation_bytes", "KV bytes moved by rotation", ["direction"])
+        self.rotary_requests = Gauge("superinfer_rotary_requests", "Requests parked in host memory",
+                                     multiprocess_mode="livesum")
+        self.host_blocks_used = Gauge("superinfer_host_pool_blocks_used", "Host rotary blocks in use",
+                                      multiprocess_mode="livesum")
+        self.host_blocks_total = Gauge("superinfer_host_pool_blocks_total", "Host rotary blocks",
+                                       multiprocess_mode="livesum")
+        self.slo_requests = Counter("superinfer_slo_requests", "Finished requests by SLO outcome",
+                                    ["slo_class", "slo", "outcome"])
+        self.aborted_rotary = Counter("superinfer_aborted_rotary", "Requests aborted while rotary")
+        self.kv_checks = Counter("superinfer_kv_verify", "Rotation KV byte checks (debug)", ["outcome"])
+        self._seen: dict[str, int] = {}
+
+    def update(self, rt: Any) -> None:
+        """Advance counters by what changed since the last call (stats are plain ints)."""
+        s = rt.stats
+        for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary"):
+            self._advance(getattr(self, name), name, getattr(s, name))
+        self._advance(self.kv_checks.labels("identical"), "kv_ok", s.kv_verified)
+        self._advance(self.kv_checks.labels("changed"), "kv_bad", s.kv_mismatches)
+        if rt.engine is not None:
+            self._advance(self.bytes_moved.labels("out"), "bytes_out", rt.engine.bytes_out)
+            self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", rt.engine.bytes_eager_out)
+            self._advance(self.bytes_moved.labels("in"), "bytes_in", rt.engine.bytes_in)
+        usage = rt.pool_usage()
+        self.rotary_requests.set(len(rt.rotary))
+        self.host_blocks_used.set(usage["host_blocks_used"])
+        self.host_blocks_total.set(usage["host_blocks_total"])
+
+    def finished(self, slo_class: str | None, ttft_met: bool | None, tbt_met: bool | None) -> None:
+        cls = slo_class or "default"
+        for slo, met in (("ttft", ttft_met), ("tbt", tbt_met)):
+            if met is not None:
+                self.slo_requests.labels(cls, slo, "met" if met else "missed").inc()
+
+    def _advance(self, counter: Any, key: str, value: int) -> None:
+        delta = value - self._seen.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+        self._seen[key] = value

@@ -1,0 +1,131 @@
+"""`python -m superinfer_sgl.sim`: what-if simulation of RotaSched and its baselines.
+
+  run       one workload through one or more policies on one cost profile, print a summary
+  paper     the paper's scenario on GH200 and H100 profiles: sweeps, plots, claim table
+  --validate AB_JSON   replay the A/B harness's workload and compare with its measurements
+  speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
+
+Examples:
+  python -m superinfer_sgl.sim run --profile gh200-qwen2.5-32b --rate 15 --policy sglang --policy lvf-duplex
+  python -m superinfer_sgl.sim run --profile h100-pcie5-qwen2.5-32b --workload azure:conv --rate 4
+  python -m superinfer_sgl.sim paper --jobs 2
+  python -m superinfer_sgl.sim --validate results/ab_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from superinfer_sgl.sim.policies import POLICIES
+from superinfer_sgl.sim.runner import Job, run_jobs
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "results"
+SHOW = ("requests", "finished", "ttft_attainment", "tbt_attainment", "both_attainment",
+        "tbt_gap_attainment", "ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "throughput_tok_s",
+        "rotations_out", "retractions", "moved_in_gb", "transfer_share", "sim_end_s", "wall_s")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m superinfer_sgl.sim", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--validate", type=Path, metavar="AB_JSON",
+                    help="replay an A/B result (results/ab_cpu.json, or its folder) and compare")
+    ap.add_argument("--validate-profile", default="cpu-smollm2-135m", help="cost profile for --validate")
+    ap.add_argument("--map", action="append", default=[], metavar="SYSTEM=POLICY",
+                    help="--validate: simulate an A/B system with this policy (e.g. superinfer=lvf-duplex)")
+    sub = ap.add_subparsers(dest="cmd")
+    run = sub.add_parser("run", help="simulate one workload")
+    run.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
+    run.add_argument("--policy", action="append", choices=sorted(POLICIES), help="repeatable; default: all")
+    run.add_argument("--workload", default="sharegpt-like",
+                     help="sharegpt-like | azure:conv | azure:code | a ShareGPT .json / .csv / .jsonl trace")
+    run.add_argument("--rate", type=float, default=10.0, help="req/s (Azure: rescale; 0 = as recorded)")
+    run.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--ttft-slo-ms", type=float, help="override every request's TTFT SLO")
+    run.add_argument("--tbt-slo-ms", type=float, help="override every request's TBT SLO")
+    run.add_argument("--budget-blocks", type=int, default=2400, help="B_xfer (LVF rotation budget)")
+    run.add_argument("--kv-tokens", type=int, help="override the profile's device KV pool")
+    run.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
+    run.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
+    run.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
+    run.add_argument("--jobs", type=int, default=1, help="worker processes")
+    run.add_argument("--json", type=Path, help="write all summaries here")
+    paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
+    paper.add_argument("--jobs", type=int, default=1)
+    paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
+    paper.add_argument("--out", type=Path, default=RESULTS)
+    speed = sub.add_parser("speed", help="wall time of 120 s at 20 req/s, per policy")
+    speed.add_argument("--profile", default="gh200-qwen2.5-32b")
+    speed.add_argument("--policy", action="append", choices=sorted(POLICIES))
+    speed.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
+    return ap
+
+
+def _run(a: argparse.Namespace) -> None:
+    jobs = [Job(a.profile, pol, a.workload, a.rate, a.duration, a.seed,
+                None if a.ttft_slo_ms is None else a.ttft_slo_ms / 1000.0,
+                None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
+                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, tuple(a.vlt))
+            for pol in (a.policy or list(POLICIES))]
+    results = run_jobs(jobs, a.jobs, progress=False)
+    print(f"workload: {results[0]['workload']}; profile: {results[0]['profile']}")
+    print(f"{'metric':22s}" + "".join(f"{r['policy']:>26s}" for r in results))
+    for key in SHOW:
+        cells = []
+        for r in results:
+            v = r[key]
+            cells.append(f"{'-' if v is None else (f'{v:.3f}' if isinstance(v, float) else v):>26}")
+        print(f"{key:22s}" + "".join(cells))
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+
+def _speed(a: argparse.Namespace) -> None:
+    import os
+    import platform
+
+    jobs = [Job(a.profile, pol, rate=20.0, duration=120.0) for pol in (a.policy or list(POLICIES))]
+    rows = []
+    for job in jobs:
+        r = run_jobs([job], 1, progress=False)[0]
+        rows.append({"policy": job.policy, "wall_s": round(r["wall_s"], 2), "iterations": r["iterations"],
+                     "requests": r["requests"], "rotations_out": r["rotations_out"],
+                     "loadavg": [round(x, 2) for x in os.getloadavg()]})
+        print(f"{job.policy:26s} {r['wall_s']:6.2f} s  {r['iterations']:6d} iterations  "
+              f"{r['rotations_out']:7d} rotations", flush=True)
+    doc = {"profile": a.profile, "workload": "sharegpt-like, Poisson 20 req/s, 120 s, seed 0",
+           "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+           "rows": rows}
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.validate is not None:
+        from superinfer_sgl.sim import validate
+
+        mapping = dict(m.split("=", 1) for m in a.map)
+        report = validate.run(a.validate, a.validate_profile, RESULTS, mapping)
+        print(validate.markdown(report))
+        return 0 if report["all_pass"] else 1
+    if a.cmd == "run":
+        _run(a)
+    elif a.cmd == "paper":
+        from superinfer_sgl.sim import paper
+
+        doc = paper.run(a.out, a.jobs, a.quick)
+        print(json.dumps(doc["claims"], indent=1))
+    elif a.cmd == "speed":
+        _speed(a)
+    else:
+        _parser().print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Iteration-level discrete-event replay of a workload through one scheduling policy.
+
+One loop turn = one scheduler iteration of SGLang: arrivals join the waiting queue, the policy
+plans, KV moves are applied (their link time delays the iteration), SGLang's PrefillAdder admits
+from the plan's order, then either a prefill batch or one decode step of the running batch runs
+(SGLang's default; with mixed_chunk a prefill batch also decodes the running batch) for the cost
+model's time, and tokens are stamped with the iteration's end time.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from superinfer_sgl.rotasched.state import ReqState
+from superinfer_sgl.rotasched.vlt import VltParams
+from superinfer_sgl.sim.policies.base import Plan, Policy
+from superinfer_sgl.sim.profile import Profile
+from superinfer_sgl.sim.request import Phase, SimReq, new_req
+from superinfer_sgl.sim.transfer import make_engine
+from superinfer_sgl.sim.workload import Workload
+
+# SGLang's new-token ratio schedule (used only without ignore_eos): init 0.7, floor 0.7 * 0.14,
+# linear decay over 600 decode steps.
+_RATIO_INIT, _RATIO_MIN, _RATIO_STEPS = 0.7, 0.098, 600
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    budget_blocks: int = 2400  # B_xfer: rotation blocks per iteration and direction
+    block_tokens: int = 16  # --rotary-block-tokens
+    vlt: VltParams = field(default_factory=VltParams)
+    ignore_eos: bool = True  # outputs replayed at their trace length; SGLang then reserves exactly
+    drain_s: float = 1800.0  # simulated time allowed after the last arrival
+    lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
+    mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
+
+    def __post_init__(self) -> None:
+        assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
+
+
+@dataclass
+class SimStats:
+    iterations: int = 0
+    prefill_iterations: int = 0
+    decode_iterations: int = 0
+    rotations_out: int = 0
+    resumes: int = 0
+    retractions: int = 0
+    host_full_fallbacks: int = 0
+    bytes_out: float = 0.0
+    bytes_in: float = 0.0
+    eager_bytes: float = 0.0
+    transfer_s: float = 0.0
+    compute_s: float = 0.0
+    sched_s: float = 0.0
+    dropped: int = 0
+    stalled: bool = False
+
+
+class Simulator:
+    def __init__(self, workload: Workload, profile: Profile, policy: Policy,
+                 config: SimConfig | None = None) -> None:
+        self.workload, self.profile, self.policy = workload, profile, policy
+        self.config = config or SimConfig()
+        self.reqs = [new_req(s) for s in workload.requests]
+        self.engine = make_engine(policy.transfer, profile.link, profile.model, self.config.block_tokens)
+        self.kv_bytes = profile.model.kv_bytes_per_token
+        self.capacity = profile.server.kv_tokens
+        self.waiting: list[SimReq] = []
+        self.running: list[SimReq] = []
+        self.rotary: dict[str, SimReq] = {}  # in rotate-out order
+        self.chunked: SimReq | None = None
+        self.used = 0  # device tokens allocated
+        self.host_used = 0  # host tokens held by rotary requests
+        self.now = 0.0
+        self.iteration = 0
+        self.new_token_ratio = 1.0 if self.config.ignore_eos else _RATIO_INIT
+        self.gaps = array("d")  # every inter-token gap, seconds
+        self.stats = SimStats()
+        self._next = 0  # next arrival index
+        self._done = 0
+        self._out = self._in = 0.0  # bytes moved this iteration
+        self._pruned = True
+
+    # ---- public ------------------------------------------------------------------------------
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity - self.used
+
+    def run(self) -> Simulator:
+        horizon = self.workload.duration + self.config.drain_s
+        while self._done < len(self.reqs) and self.now <= horizon and not self.stats.stalled:
+            self.step()
+        return self
+
+    def step(self) -> None:
+        self._arrive()
+        if not (self.waiting or self.running or self.rotary or self.chunked):
+            self._idle()
+            return
+        self._out = self._in = 0.0
+        plan = self.policy.plan(self)
+        self._apply(plan)
+        batch = self._admit(plan.admit)
+        tokens, pairs = self._prefill(batch) if batch else (0, 0.0)
+        decoding = self._decode() if not batch or self.config.mixed_chunk else []
+        context = sum(r.kv for r in decoding)
+        compute = self.profile.step.seconds(tokens, pairs, len(batch), len(decoding), context)
+        xfer = self.engine.seconds(self._out, self._in)
+        dt = plan.sched_s + (max(xfer, compute) if self.config.lookahead else xfer + compute)
+        if dt <= 0.0:
+            self._idle()
+            return
+        self._account(plan, xfer, compute, bool(batch))
+        self.now += dt
+        self._emit(decoding, joined=False)
+        self._emit([r for r, _ in batch if r.kv == r.ctx], joined=True)
+
+    # ---- arrivals and idling -----------------------------------------------------------------
+    def _arrive(self) -> None:
+        reqs, n = self.reqs, len(self.reqs)
+        while self._next < n and reqs[self._next].spec.arrival <= self.now:
+            r = reqs[self._next]
+            self._next += 1
+            if r.spec.prompt_tokens + r.spec.output_tokens > self.capacity:
+                self._set(r, Phase.DROPPED)  # could never fit: a real server rejects it
+                self.stats.dropped += 1
+                self._done += 1
+                continue
+            self.waiting.append(r)
+
+    def _idle(self) -> None:
+        if self._next < len(self.reqs):
+            self.now = max(self.now, self.reqs[self._next].spec.arrival)
+        elif self._done < len(self.reqs):
+            self.stats.stalled = True  # work left, none runnable, nothing to wait for
+
+    # ---- moves -------------------------------------------------------------------------------
+    def _apply(self, plan: Plan) -> None:
+        for r in plan.retract:
+            self.retract(r)
+        for r in plan.rotate_out:
+            self.move_out(r)
+        self._prune_running()
+        for r in plan.resume:
+            self._move_in(r)
+
+    def _set(self, r: SimReq, phase: Phase, state: ReqState | None = None) -> None:
+        r.phase = phase
+        r.view = None
+        if state is not None:
+            r.clock.set_state(state, self.now)
+
+    def _leave_running(self, r: SimReq) -> None:
+        # Leaves self.running until _prune_running(): one pass for many moves.
+        self.used -= r.alloc
+        r.alloc = 0
+        self._pruned = False
+
+    def _prune_running(self) -> None:
+        if not self._pruned:
+            self.running = [r for r in self.running if r.phase is Phase.RUNNING]
+            self._pruned = True
+
+    def retract(self, r: SimReq) -> None:
+        """Free a running request's KV; it waits to be recomputed (SGLang retract, vLLM recompute)."""
+        assert r.phase is Phase.RUNNING, (r.rid, r.phase)
+        self._leave_running(r)
+        r.kv = r.host = 0
+        self._set(r, Phase.WAITING, ReqState.WAITING)
+        r.recomputes += 1
+        self.stats.retractions += 1
+        if self.policy.retract_to_front:
+            self.waiting.insert(0, r)
+        else:
+            self.waiting.append(r)
+
+    def move_out(self, r: SimReq) -> None:
+        """Rotate (or swap) a running request's KV to host; recompute if the host pool is full."""
+        assert r.phase is Phase.RUNNING, (r.rid, r.phase)
+        blocks = -(-r.kv // self.config.block_tokens) * self.config.block_tokens
+        if self.host_used + blocks > self.profile.server.host_kv_tokens:
+            self.stats.host_full_fallbacks += 1
+            self.retract(r)
+            return
+        synced = r.kv // self.config.block_tokens * self.config.block_tokens if self.engine.eager_sync else 0
+        self._out += (r.kv - synced) * self.kv_bytes
+        self._leave_running(r)
+        self.host_used += blocks
+        r.host = r.kv
+        self._set(r, Phase.ROTARY, ReqState.ROTARY)
+        r.rotations += 1
+        self.rotary[r.rid] = r
+        self.stats.rotations_out += 1
+
+    def _move_in(self, r: SimReq) -> None:
+        if r.phase is not Phase.ROTARY:
+            return
+        need = self._page_round(r.host)
+        if need > self.free_tokens:
+            return  # device memory cannot be had now: it stays rotary (runtime: resume fails)
+        self._in += r.host * self.kv_bytes
+        del self.rotary[r.rid]
+        self.host_used -= -(-r.host // self.config.block_tokens) * self.config.block_tokens
+        r.kv = r.host
+        self._alloc(r)
+        self.stats.resumes += 1
+        if self.policy.resume_to_running:
+            self._join_running(r)
+        else:  # our runtime: restored into the radix tree, re-admitted with a 1-token extend
+            self._set(r, Phase.WAITING, ReqState.WAITING)
+            self.waiting.append(r)
+
+    # ---- batches -----------------------------------------------------------------------------
+    def _page_round(self, tokens: int) -> int:
+        page = self.policy.page_tokens
+        return -(-tokens // page) * page
+
+    def _alloc(self, r: SimReq) -> None:
+        new = self._page_round(r.kv)
+        self.used += new - r.alloc
+        r.alloc = new
+        assert self.used <= self.capacity, f"{r.rid}: device KV over capacity ({self.used})"
+
+    def _admit(self, offered: list[SimReq]) -> list[tuple[SimReq, int]]:
+        """SGLang's PrefillAdder: the chunked request first, then `offered` in order; stop at the
+        first request that does not fit in memory (FCFS head-of-line), chunk the one that
+        overflows the chunk budget."""
+        pol, server = self.policy, self.profile.server
+        room = pol.admission_room(self)
+        chunk = server.chunked_prefill_tokens if pol.chunked_prefill else None
+        budget = pol.max_prefill_tokens(self)
+        slots = pol.max_running(self) - len(self.running)
+        batch: list[tuple[SimReq, int]] = []
+        if self.chunked is not None:
+            ext = self.chunked.extend if chunk is None else min(self.chunked.extend, chunk)
+            batch.append((self.chunked, ext))
+            chunk = None if chunk is None else chunk - ext
+            budget -= ext
+        for r in offered:
+            if r.phase is not Phase.WAITING:
+                continue
+            if len(batch) >= slots:
+                break
+            need = pol.admission_need(self, r)
+            if need > room:
+                break
+            ext = r.extend
+            if chunk is not None and ext > chunk:
+                if chunk > 0:
+                    batch.append((r, chunk))
+                break
+            if ext > budget and batch:
+                break
+            batch.append((r, ext))
+            room -= need
+            budget -= ext
+            chunk = None if chunk is None else chunk - ext
+        if batch:
+            taken = {id(r) for r, _ in batch}
+            self.waiting = [r for r in self.waiting if id(r) not in taken]
+        return batch
+
+    def _prefill(self, batch: list[tuple[SimReq, int]]) -> tuple[int, float]:
+        tokens, pairs = 0, 0.0
+        self.chunked = None
+        for r, ext in batch:
+            pairs += ext * (r.kv + ext / 2.0)
+            tokens += ext
+            r.kv += ext
+            self._alloc(r)
+            r.prefill_iter = self.iteration
+            if r.kv < r.ctx:
+                self._set(r, Phase.PREFILL)
+                self.chunked = r
+        if self.engine.eager_sync:
+            self.stats.eager_bytes += tokens * self.kv_bytes
+        return tokens, pairs
+
+    def _decode(self) -> list[SimReq]:
+        """One decode step for every running request; out of memory, the policy picks victims."""
+        page = self.policy.page_tokens
+        short = sum(page for r in self.running if r.kv + 1 > r.alloc) - self.free_tokens
+        if short > 0:
+            for v in self.policy.decode_victims(self, short):
+                (self.move_out if v.swap else self.retract)(v.req)
+            self._prune_running()
+            self._after_retraction()
+        for r in self.running:
+            r.kv += 1
+            if r.kv > r.alloc:
+                self._alloc(r)
+        if self.engine.eager_sync:
+            self.stats.eager_bytes += len(self.running) * self.kv_bytes
+        if not self.config.ignore_eos and self.running:
+            step = (_RATIO_INIT - _RATIO_MIN) / _RATIO_STEPS
+            self.new_token_ratio = max(_RATIO_MIN, self.new_token_ratio - step)
+        return list(self.running)
+
+    def _after_retraction(self) -> None:
+        if not self.config.ignore_eos:
+            self.new_token_ratio = _RATIO_INIT  # SGLang re-estimates upwards after a retraction
+
+    # ---- tokens ------------------------------------------------------------------------------
+    def _join_running(self, r: SimReq) -> None:
+        self._set(r, Phase.RUNNING, ReqState.RUNNING)
+        self.running.append(r)
+
+    def _emit(self, reqs: list[SimReq], joined: bool) -> None:
+        now, gaps, finished = self.now, self.gaps, False
+        for r in reqs:
+            last = r.clock.last_token
+            if last is not None:
+                gaps.append(now - last)
+            r.outputs += 1
+            r.clock.observe_outputs(r.outputs, now)
+            if r.outputs >= r.spec.output_tokens:
+                finished = True
+                self._finish(r)
+            elif joined:
+                self._join_running(r)
+        if finished:
+            self.running = [r for r in self.running if r.phase is Phase.RUNNING]
+
+    def _finish(self, r: SimReq) -> None:
+        self._set(r, Phase.FINISHED)
+        self.used -= r.alloc
+        r.alloc = r.kv = 0
+        self._done += 1
+
+    def _account(self, plan: Plan, xfer: float, compute: float, prefill: bool) -> None:
+        s = self.stats
+        s.iterations += 1
+        self.iteration += 1
+        s.prefill_iterations += prefill
+        s.decode_iterations += not prefill
+        s.bytes_out += self._out
+        s.bytes_in += self._in
+        s.transfer_s += xfer
+        s.compute_s += compute
+        s.sched_s += plan.sched_s

@@ -1,0 +1,34 @@
+"""Scheduling policies by name. Each entry builds a fresh policy object (policies keep state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from superinfer_sgl.sim.policies.base import Plan, Policy, Victim
+from superinfer_sgl.sim.policies.oracle import Oracle
+from superinfer_sgl.sim.policies.rotasched import RotaSched
+from superinfer_sgl.sim.policies.sglang import SGLangFCFS, SGLangPriority
+from superinfer_sgl.sim.policies.vllm import VllmSwap
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "sglang": SGLangFCFS,
+    "sglang-priority": SGLangPriority,
+    "vllm-swap-waiting-first": lambda: VllmSwap(swapped_first=False),
+    "vllm-swap-swapped-first": lambda: VllmSwap(swapped_first=True),
+    "lvf-naive": lambda: RotaSched("naive"),
+    "lvf-batched": lambda: RotaSched("batched"),
+    "lvf-duplex": lambda: RotaSched("duplex"),
+    "lvf-naive-direct": lambda: RotaSched("naive", direct_resume=True),
+    "lvf-duplex-direct": lambda: RotaSched("duplex", direct_resume=True),
+    "oracle": Oracle,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+__all__ = ["POLICIES", "Plan", "Policy", "Victim", "make_policy"]

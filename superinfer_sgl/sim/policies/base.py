@@ -1,0 +1,80 @@
+"""The contract between the simulated server (engine.py) and a scheduling policy.
+
+Each iteration the engine asks the policy for a Plan, applies its moves (retract, rotate out,
+resume), then runs SGLang's PrefillAdder logic over `Plan.admit` in that order (stop at the first
+request that does not fit), and runs a prefill batch if anything was admitted, else a decode step.
+A decode step that runs out of device memory asks the policy for victims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from superinfer_sgl.sim.request import SimReq
+
+if TYPE_CHECKING:
+    from superinfer_sgl.sim.engine import Simulator
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default
+
+
+@dataclass(slots=True)
+class Plan:
+    admit: list[SimReq]  # offered to the prefill adder, in order (WAITING ones are considered)
+    rotate_out: list[SimReq] = field(default_factory=list)  # RUNNING -> host
+    resume: list[SimReq] = field(default_factory=list)  # ROTARY -> device
+    retract: list[SimReq] = field(default_factory=list)  # RUNNING -> WAITING, recomputed later
+    sched_s: float = 0.0  # CPU time of the decision, added to the iteration
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    req: SimReq
+    swap: bool  # True: move its KV to host; False: free it and recompute later
+
+
+class Policy:
+    """Defaults are stock SGLang's: page 1, conservative admission, retract-and-recompute."""
+
+    name = "base"
+    transfer = "free"  # engine moving KV for rotate_out/resume/swap: naive, duplex or free
+    page_tokens = 1
+    resume_to_running = False  # vLLM: a swapped-in request decodes at once; SGLang: re-admitted
+    chunked_prefill = True  # SGLang chunks long prompts; vLLM V0 (no chunked prefill) does not
+    retract_to_front = False  # SGLang re-queues a retracted request at the back; vLLM at the front
+
+    def plan(self, sim: Simulator) -> Plan:
+        raise NotImplementedError
+
+    # ---- admission (SGLang PrefillAdder, conservative) ----------------------------------------
+    def reserve(self, sim: Simulator, r: SimReq) -> float:
+        """Decode tokens kept back for a running request (ratio 1 with ignore_eos)."""
+        return min(r.remaining, CLIP_MAX_NEW_TOKENS) * sim.new_token_ratio
+
+    def admission_room(self, sim: Simulator) -> float:
+        held = sum(self.reserve(sim, r) for r in sim.running)
+        if sim.chunked is not None:
+            held += self.reserve(sim, sim.chunked)
+        return sim.free_tokens - held
+
+    def admission_need(self, sim: Simulator, r: SimReq) -> float:
+        return r.extend + min(r.remaining, CLIP_MAX_NEW_TOKENS)
+
+    def max_running(self, sim: Simulator) -> int:
+        return sim.profile.server.max_running_requests
+
+    def max_prefill_tokens(self, sim: Simulator) -> int:
+        return sim.profile.server.max_prefill_tokens
+
+    # ---- decode out of memory (SGLang retract_decode) ----------------------------------------
+    def decode_victims(self, sim: Simulator, short: int) -> list[Victim]:
+        """Retract fewest-output, then longest-input requests first; keep at least one."""
+        order = sorted(sim.running, key=lambda r: (r.outputs, -r.spec.prompt_tokens))
+        victims, freed = [], 0
+        for r in order[: len(order) - 1]:
+            if freed >= short:
+                break
+            victims.append(Victim(r, swap=False))
+            freed += r.alloc
+        return victims

@@ -1,0 +1,121 @@
+"""RotaSched in the simulator: the production LVF (rotasched.lvf_decide) over views built the way
+integration/runtime.py builds them, executed the way the runtime executes a Decision.
+
+Mirrors RotaSchedRuntime._views/_free_blocks/_step: blocks are rotation blocks; a running request
+holds ceil((seqlen + decode reserve) / block); a waiting one needs its prompt and outputs not yet
+resident plus the reserve; a rotary one its host KV plus one token plus the reserve; free blocks
+are SGLang's admission budget (free minus running reserves). The decision's rotate-outs go first,
+resumes restore KV into the (simulated) radix tree and requeue the request, and SGLang's
+PrefillAdder sees only the admitted + resumed + still-pending restored requests, by VLT.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView, lvf_decide, vlt
+from superinfer_sgl.sim.policies.base import CLIP_MAX_NEW_TOKENS, Plan, Policy
+from superinfer_sgl.sim.request import SimReq
+
+if TYPE_CHECKING:
+    from superinfer_sgl.sim.engine import Simulator
+
+
+class RotaSched(Policy):
+    """`direct_resume`: a what-if, not our runtime. Resumed requests join the decode batch at once
+    (as vLLM's swap-in does, and the paper's implementation on vLLM) instead of being re-admitted
+    through a prefill iteration with a one-token extend (our runtime's radix-tree path)."""
+
+    def __init__(self, transfer: str, direct_resume: bool = False) -> None:
+        assert transfer in ("naive", "batched", "duplex"), transfer
+        self.transfer = transfer
+        self.resume_to_running = direct_resume
+        self.name = f"lvf-{transfer}" + ("-direct" if direct_resume else "")
+        self.last_decision: Decision | None = None
+        self._short: bool | None = None
+
+    def plan(self, sim: Simulator) -> Plan:
+        cfg, now = sim.config, sim.now
+        views, by_rid = self._views(sim)
+        free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
+        d = lvf_decide(views, free, cfg.budget_blocks, now, cfg.vlt)
+        self.last_decision = d
+        out = [by_rid[rid] for rid in d.rotate_out]
+        resume = [sim.rotary[rid] for rid in d.resume]
+        chosen = set(d.admit)
+        # Offered to the PrefillAdder: LVF's admissions, its resumes, and earlier resumes whose
+        # restored KV (kv > 0) still waits for admission (the runtime's resume_locks), by VLT.
+        order = [r for r in sim.waiting if r.rid in chosen or r.kv > 0] + resume
+        order.sort(key=lambda r: (-vlt(r.view, now, cfg.vlt), r.spec.arrival))  # type: ignore[arg-type]
+        sched = sim.profile.scheduler.lvf_s_per_view * len(views)
+        return Plan(admit=order, rotate_out=out, resume=resume, sched_s=sched)
+
+    # ---- views (runtime._views) --------------------------------------------------------------
+    def _running_reserve(self, sim: Simulator) -> float:
+        ratio = sim.new_token_ratio
+        held = sum(_reserve(r, ratio) for r in sim.running)
+        return held + (_reserve(sim.chunked, ratio) if sim.chunked is not None else 0.0)
+
+    def _views(self, sim: Simulator) -> tuple[list[ReqView], dict[str, SimReq]]:
+        """The engine clears a request's cached view whenever it moves. While it stays put its
+        blocks only change with SGLang's new-token ratio (or past the 4096-token reserve clip),
+        so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked."""
+        bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
+        exact = ratio == 1.0 and self._short_outputs(sim)
+        views, by_rid = [], {}
+        for r in sim.running:
+            # Overlap scheduler: a request prefilled by the previous batch is still being written.
+            rotatable = r.outputs > 0 and r.prefill_iter < it - 1
+            v = r.view
+            if v is None or v.rotatable is not rotatable or not exact:  # type: ignore[attr-defined]
+                held = -(-(r.ctx + _reserve(r, ratio)) // bt)
+                if v is None or v.rotatable is not rotatable or v.blocks_held != held:  # type: ignore[attr-defined]
+                    v = r.view = _make_view(r, _RUNNING, 0, held, rotatable)
+            views.append(v)
+            by_rid[r.rid] = r
+        for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
+            v = r.view
+            if v is None or not exact:
+                v = _pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt)
+            views.append(v)
+        for r in sim.rotary.values():
+            v = r.view
+            if v is None or not exact:
+                v = _pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt)
+            views.append(v)
+        return views, by_rid  # type: ignore[return-value]
+
+    def _short_outputs(self, sim: Simulator) -> bool:
+        if self._short is None:
+            self._short = all(r.spec.output_tokens <= CLIP_MAX_NEW_TOKENS for r in sim.reqs)
+        return self._short
+
+
+def _pending_view(r: SimReq, state: ReqState, tokens: float, bt: int) -> ReqView:
+    need = math.ceil(tokens / bt)
+    v = r.view
+    if v is None or v.blocks_needed != need:  # type: ignore[attr-defined]
+        v = r.view = _make_view(r, state, need, 0, True)
+    return v  # type: ignore[return-value]
+
+
+_RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY
+
+
+def _reserve(r: SimReq, ratio: float) -> float:
+    """runtime._reserve: remaining outputs (clipped) times SGLang's new-token ratio."""
+    left = r.spec.output_tokens - r.outputs
+    return (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * ratio
+
+
+def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
+    """runtime._view. A cached RUNNING view keeps the last_token it was built with: LVF reads
+    last_token only for non-running requests."""
+    c = r.clock
+    return ReqView(
+        rid=r.rid, state=state, arrival=c.arrival, last_token=c.last_token,
+        run_start=c.run_start if state is _RUNNING else None,
+        ttft_slo=c.slo.ttft_s, tbt_slo=c.slo.tbt_s,
+        blocks_needed=need, blocks_held=held, rotatable=rotatable,
+    )

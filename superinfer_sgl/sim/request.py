@@ -1,0 +1,67 @@
+"""A request inside the simulated server: where its KV lives and how far it has got."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from superinfer_sgl.rotasched.slo import Slo
+from superinfer_sgl.rotasched.timing import ReqClock
+from superinfer_sgl.sim.workload import RequestSpec
+
+
+class Phase(enum.IntEnum):
+    """Ordered like vLLM's lifecycle: anything from FINISHED on is done."""
+
+    WAITING = 0  # in the waiting queue: never ran, retracted for recompute, or restored by a resume
+    PREFILL = 1  # part-way through a chunked prefill
+    RUNNING = 2  # decoding; KV on device
+    ROTARY = 3  # paused; KV on host (rotated out, or swapped out)
+    FINISHED = 4
+    DROPPED = 5  # could never fit in device memory
+
+
+@dataclass(slots=True, eq=False)
+class SimReq:
+    """Token bookkeeping. Invariant while RUNNING: kv == ctx - 1 (the last output token is the
+    next decode input; its KV is written by that decode step)."""
+
+    spec: RequestSpec
+    clock: ReqClock  # the server's own per-request clock (rotasched.timing): VLT reads it
+    phase: Phase = Phase.WAITING
+    outputs: int = 0  # output tokens produced
+    kv: int = 0  # tokens whose KV is on device (computed, or restored from host)
+    alloc: int = 0  # device tokens allocated: kv rounded up to the policy's page size
+    host: int = 0  # tokens with a copy on host (rotary KV, or DuplexKV's eager copy after a resume)
+    prefill_iter: int = -1  # iteration of its last prefill step
+    rotations: int = 0
+    recomputes: int = 0
+    view: object = None  # a policy's cached view of it; the engine clears it on every move
+
+    @property
+    def rid(self) -> str:
+        return self.spec.rid
+
+    @property
+    def ctx(self) -> int:
+        return self.spec.prompt_tokens + self.outputs
+
+    @property
+    def remaining(self) -> int:
+        return self.spec.output_tokens - self.outputs
+
+    @property
+    def extend(self) -> int:
+        """Tokens a prefill must still compute before the next token can be sampled."""
+        return self.ctx - self.kv
+
+
+_SLOS: dict[tuple[float, float], Slo] = {}
+
+
+def new_req(spec: RequestSpec) -> SimReq:
+    key = (spec.ttft_slo, spec.tbt_slo)
+    slo = _SLOS.get(key)
+    if slo is None:
+        slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0)
+    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo))

@@ -1,0 +1,134 @@
+"""A/B server command lines (same shared flags for every system) and process-group cleanup."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from superinfer_sgl.bench import cli
+from superinfer_sgl.bench.servers import (
+    OUR_MODULE,
+    STOCK_MODULE,
+    ServerProcess,
+    SystemSpec,
+    command,
+    environment,
+    noise_twin,
+    shared_flags,
+    systems,
+)
+from superinfer_sgl.config import CONFIG_ENV
+from superinfer_sgl.device_defaults import device_defaults
+from superinfer_sgl.plugin import CPU_COMPAT_ENV
+
+
+def _model(tmp_path: Path) -> str:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}))
+    return str(tmp_path)
+
+
+def _contains(seq: list[str], sub: list[str]) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_every_system_gets_the_same_shared_flags(tmp_path: Path) -> None:
+    shared = shared_flags(_model(tmp_path), 2048, 512, "cpu", ("--dtype", "float32"))
+    table = systems(("--scheduler", "rotasched", "--ttft-slo-ms", "6000"))
+    cmds = {name: command(spec, shared, 12345) for name, spec in table.items()}
+    for name, cmd in cmds.items():
+        assert _contains(cmd, shared), name
+        assert cmd[-4:] == ["--host", "127.0.0.1", "--port", "12345"]
+    assert cmds["sglang"][1:3] == ["-m", STOCK_MODULE] and cmds["superinfer"][1:3] == ["-m", OUR_MODULE]
+    assert "--enable-priority-scheduling" in cmds["sglang-priority"]
+    assert not any(a.startswith(("--scheduler", "--ttft-slo")) for a in cmds["sglang"] + cmds["sglang-priority"])
+    assert "--scheduler" in cmds["superinfer"]
+    stock_only = [a for a in cmds["sglang"] if a not in shared]
+    assert stock_only == [sys.executable, "-m", STOCK_MODULE, "--host", "127.0.0.1", "--port", "12345"]
+
+
+def test_cpu_flags_are_the_launchers_device_defaults(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    shared = shared_flags(model, 1536, 512, "cpu")
+    for flag, value in device_defaults(["--device", "cpu", "--model-path", model]).flags:
+        if flag == "--max-total-tokens":
+            assert shared[shared.index(flag) + 1] == "1536"  # ours, not the launcher's RAM-sized default
+        elif value is None:
+            assert flag in shared  # a switch, e.g. --sleep-on-idle
+        else:
+            assert shared[shared.index(flag) + 1] == value
+    assert shared.count("--max-total-tokens") == 1
+    assert shared[shared.index("--chunked-prefill-size") + 1] == "512"
+    assert "--enable-metrics" in shared
+
+
+def test_stock_environment_keeps_our_plugin_inert(tmp_path: Path) -> None:
+    shared = shared_flags(_model(tmp_path), 1024, 256, "cpu")
+    base = {CONFIG_ENV: '{"scheduler": "rotasched"}', "PATH": "/bin"}
+    env = environment(systems(())["sglang"], shared, base)
+    assert CONFIG_ENV not in env and env[CPU_COMPAT_ENV] == "1" and env["PATH"] == "/bin"
+    gpu = shared_flags(_model(tmp_path), 1024, 256, "cuda")
+    assert CPU_COMPAT_ENV not in environment(systems(())["sglang"], gpu, {CPU_COMPAT_ENV: "1"})
+    assert gpu[gpu.index("--attention-backend") + 1] == "flashinfer"
+
+
+def test_noise_twin_is_identical() -> None:
+    a = systems(())["sglang"]
+    b = noise_twin(a)
+    assert (b.module, b.flags, b.uses_priority) == (a.module, a.flags, a.uses_priority) and b.name == "sglang#2"
+
+
+def test_gpu_profile_dry_plan(tmp_path: Path, model_dir: Path) -> None:
+    plan, _ = cli.build_plan(["--profile", "gpu", "--out", str(tmp_path / "g"), "--num-requests", "20"])
+    shared = plan.shared
+    assert _contains(shared, ["--load-format", "dummy"]) and _contains(shared, ["--device", "cuda"])
+    assert "torch_native" not in shared
+    cfg = json.loads((Path(plan.model) / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_key_value_heads"]) == (4096, 32, 8)
+    assert (Path(plan.model) / "tokenizer.json").is_file()
+    assert (plan.profile.slo.ttft_ms, plan.profile.slo.tbt_ms) == (5000, 100)
+    ours = command(plan.systems[-1], shared, 1)
+    assert _contains(ours, ["--ttft-slo-ms", "5000", "--tbt-slo-ms", "100"])
+    plan, _ = cli.build_plan(["--profile", "gpu", "--dummy-shape", "qwen2.5-32b", "--out", str(tmp_path / "q"),
+                              "--num-requests", "5"])
+    assert json.loads((Path(plan.model) / "config.json").read_text())["num_hidden_layers"] == 64
+
+
+def test_mixed_workload_adds_the_priority_baseline(tmp_path: Path, model_dir: Path) -> None:
+    plan, _ = cli.build_plan(["--profile", "smoke", "--workload", "mixed", "--out", str(tmp_path / "m")])
+    assert [s.name for s in plan.systems] == ["sglang", "sglang-priority", "superinfer"]
+    assert {r.slo_class for r in plan.requests} <= {"interactive", "batch"}
+    plan, _ = cli.build_plan(["--profile", "smoke", "--noise", "--out", str(tmp_path / "n")])
+    assert [s.name for s in plan.systems] == ["sglang", "sglang#2"]
+
+
+STUBBORN = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a launcher that ignores SIGTERM
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    spec = SystemSpec("fake", "fake")
+    server = ServerProcess(spec, [sys.executable, str(script)], {}, tmp_path / "log.txt", 0)
+    server.start()
+    deadline = time.time() + 30
+    while "ready" not in server.log_tail() and time.time() < deadline:
+        time.sleep(0.1)
+    server._track()
+    tree = set(server.pids)
+    assert len(tree) == 3
+    left = server.stop(grace_s=1.0)
+    assert left == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree)

@@ -1,0 +1,198 @@
+"""Our server options: defaults, validation (one ConfigError naming the flag), env and CLI round trips."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from superinfer_sgl.config import (
+    CONFIG_ENV,
+    KV_TRANSFERS,
+    SCHEDULERS,
+    ConfigError,
+    SuperInferConfig,
+    add_cli_args,
+    from_namespace,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_cli_args(parser)
+    return parser
+
+
+def test_defaults_are_the_paper_settings() -> None:
+    cfg = SuperInferConfig()
+    assert cfg.scheduler == "rotasched"
+    assert (cfg.ttft_slo_ms, cfg.tbt_slo_ms) == (5000.0, 100.0)
+    assert cfg.vlt_alpha == 3.0
+    assert (cfg.vlt_beta_ttft, cfg.vlt_beta_tbt) == (0.5, 0.0)
+    assert cfg.rotation_budget_blocks == 2400
+    assert cfg.rotary_block_tokens == 16
+    assert cfg.slo_classes is None and cfg.rotary_pool_gb is None and cfg.handshake_dir is None
+    assert cfg.kv_transfer == "auto"
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        SuperInferConfig().scheduler = "sglang"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("scheduler", "fifo", "--scheduler"),
+        ("kv_transfer", "dma", "--kv-transfer"),
+        ("ttft_slo_ms", 0.0, "--ttft-slo-ms"),
+        ("ttft_slo_ms", -5.0, "--ttft-slo-ms"),
+        ("ttft_slo_ms", float("nan"), "--ttft-slo-ms"),
+        ("tbt_slo_ms", 0.0, "--tbt-slo-ms"),
+        ("tbt_slo_ms", -1.0, "--tbt-slo-ms"),
+        ("vlt_alpha", 0.0, "--vlt-alpha"),
+        ("vlt_alpha", -3.0, "--vlt-alpha"),
+        ("vlt_beta_ttft", -0.1, "--vlt-beta-ttft"),
+        ("vlt_beta_ttft", float("nan"), "--vlt-beta-ttft"),
+        ("vlt_beta_tbt", -0.5, "--vlt-beta-tbt"),
+        ("rotation_budget_blocks", -1, "--rotation-budget-blocks"),
+        ("rotary_block_tokens", 0, "--rotary-block-tokens"),
+        ("rotary_block_tokens", -16, "--rotary-block-tokens"),
+        ("rotary_pool_gb", 0.0, "--rotary-pool-gb"),
+        ("rotary_pool_gb", -2.0, "--rotary-pool-gb"),
+    ],
+)
+def test_invalid_value_names_the_flag(field: str, value: object, flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SuperInferConfig(**{field: value})
+    msg = str(info.value)
+    assert msg.startswith(flag + " "), msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("field", ["ttft_slo_ms", "tbt_slo_ms"])
+def test_infinite_slo_is_rejected_like_slo_does(field: str) -> None:
+    with pytest.raises(ConfigError, match="--" + field.replace("_", "-")):
+        SuperInferConfig(**{field: float("inf")})
+
+
+def test_boundary_values_are_valid() -> None:
+    cfg = SuperInferConfig(
+        vlt_beta_ttft=0.0, vlt_beta_tbt=0.0, rotation_budget_blocks=0, rotary_block_tokens=1,
+        rotary_pool_gb=0.5, ttft_slo_ms=1e-3, tbt_slo_ms=1e-3, vlt_alpha=1e-6,
+    )
+    assert cfg.rotation_budget_blocks == 0 and cfg.rotary_block_tokens == 1
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("kv_transfer", KV_TRANSFERS)
+def test_every_choice_is_valid(scheduler: str, kv_transfer: str) -> None:
+    assert SuperInferConfig(scheduler=scheduler, kv_transfer=kv_transfer).scheduler == scheduler
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{bad json",
+        '{"chat": {"ttft_ms": -1}}',
+        '{"chat": {"latency_ms": 10}}',
+        '{"chat": 5}',
+        "[1, 2]",
+        "/nonexistent/slo_classes.json",
+    ],
+)
+def test_invalid_slo_classes_raise_config_error(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SuperInferConfig(slo_classes=text)
+    assert str(info.value).startswith("--slo-classes: ")
+
+
+def test_valid_slo_classes_inline_and_file(tmp_path: Path) -> None:
+    classes = {"chat": {"ttft_ms": 800, "tbt_ms": 40}, "bulk": {"ttft_ms": 60000}}
+    assert SuperInferConfig(slo_classes=json.dumps(classes)).slo_classes == json.dumps(classes)
+    path = tmp_path / "classes.json"
+    path.write_text(json.dumps(classes))
+    assert SuperInferConfig(slo_classes=str(path)).slo_classes == str(path)
+
+
+def test_env_round_trip() -> None:
+    cfg = SuperInferConfig(
+        scheduler="sglang", ttft_slo_ms=1234.5, tbt_slo_ms=42.0,
+        slo_classes='{"chat": {"ttft_ms": 800, "tbt_ms": 40}}', vlt_alpha=2.5, vlt_beta_ttft=0.25,
+        vlt_beta_tbt=0.125, rotation_budget_blocks=7, rotary_block_tokens=32, rotary_pool_gb=1.5,
+        kv_transfer="torch", handshake_dir="/tmp/hs",
+    )
+    raw = cfg.to_env()
+    assert json.loads(raw) == asdict(cfg)
+    assert SuperInferConfig.from_env({CONFIG_ENV: raw}) == cfg
+    assert SuperInferConfig.from_env({CONFIG_ENV: SuperInferConfig().to_env()}) == SuperInferConfig()
+
+
+def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = replace(SuperInferConfig(), scheduler="sglang")
+    monkeypatch.setenv(CONFIG_ENV, cfg.to_env())
+    assert SuperInferConfig.from_env() == cfg
+
+
+def test_from_env_absent_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Absence of the variable is what keeps the plugin inert in stock SGLang.
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert SuperInferConfig.from_env() is None
+    assert SuperInferConfig.from_env({}) is None
+    assert SuperInferConfig.from_env({CONFIG_ENV: ""}) is None
+    assert SuperInferConfig.from_env({"OTHER": "x"}) is None
+
+
+def test_from_env_validates() -> None:
+    raw = json.dumps({**asdict(SuperInferConfig()), "tbt_slo_ms": -1})
+    with pytest.raises(ConfigError, match="--tbt-slo-ms"):
+        SuperInferConfig.from_env({CONFIG_ENV: raw})
+
+
+def test_cli_defaults_match_dataclass() -> None:
+    assert from_namespace(_parser().parse_args([])) == SuperInferConfig()
+
+
+def test_cli_parses_our_flags() -> None:
+    ns = _parser().parse_args([
+        "--scheduler", "sglang", "--ttft-slo-ms", "2500", "--tbt-slo-ms=80",
+        "--slo-classes", '{"chat": {"ttft_ms": 800, "tbt_ms": 40}}',
+        "--vlt-alpha", "4", "--vlt-beta-ttft", "0.3", "--vlt-beta-tbt", "0.1",
+        "--rotation-budget-blocks", "128", "--rotary-block-tokens", "8",
+        "--rotary-pool-gb", "2.5", "--kv-transfer", "naive",
+    ])
+    cfg = from_namespace(ns)
+    assert cfg == SuperInferConfig(
+        scheduler="sglang", ttft_slo_ms=2500.0, tbt_slo_ms=80.0,
+        slo_classes='{"chat": {"ttft_ms": 800, "tbt_ms": 40}}', vlt_alpha=4.0, vlt_beta_ttft=0.3,
+        vlt_beta_tbt=0.1, rotation_budget_blocks=128, rotary_block_tokens=8, rotary_pool_gb=2.5,
+        kv_transfer="naive",
+    )
+    assert isinstance(cfg.rotation_budget_blocks, int) and isinstance(cfg.ttft_slo_ms, float)
+    assert cfg.handshake_dir is None  # set by the launcher, never a CLI flag
+
+
+def test_cli_has_no_handshake_flag() -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--handshake-dir", "/tmp/x"])
+
+
+def test_cli_flags_are_in_their_own_group() -> None:
+    parser = _parser()
+    ours = [g for g in parser._action_groups if g.title and g.title.startswith("superinfer_sgl")]
+    assert len(ours) == 1
+    flags = {s for a in ours[0]._group_actions for s in a.option_strings}
+    assert flags == {
+        "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
+        "--vlt-beta-ttft", "--vlt-beta-tbt", "--rotation-budget-blocks", "--rotary-block-tokens",
+        "--rotary-pool-gb", "--kv-transfer",
+    }
+
+
+def test_from_namespace_validates() -> None:
+    ns = _parser().parse_args(["--rotary-block-tokens", "0"])
+    with pytest.raises(ConfigError, match="^--rotary-block-tokens must be >= 1$"):
+        from_namespace(ns)

@@ -1,0 +1,149 @@
+"""RotaSchedRuntime's bookkeeping with fake SGLang objects: no server, no model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from superinfer_sgl.config import SuperInferConfig
+from superinfer_sgl.duplexkv.engine import HostKV
+from superinfer_sgl.integration import rotation
+from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
+from superinfer_sgl.rotasched import DEFAULT_CLASSES, Slo, SloClasses, VltParams
+from superinfer_sgl.rotasched.state import ReqState
+
+
+@dataclass
+class FakeReq:
+    rid: str
+    output_ids: list[int] = field(default_factory=lambda: [1, 2])
+    origin_input_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
+    sampling_params: Any = field(default_factory=lambda: SimpleNamespace(
+        custom_params=None, ignore_eos=True, max_new_tokens=10))
+
+    def finished(self) -> bool:
+        return False
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+
+class FakeBatch:
+    def __init__(self, reqs: list[FakeReq]) -> None:
+        self.reqs = reqs
+        self.batch_is_full = True
+
+    def filter_batch(self, keep_indices: list[int]) -> None:
+        self.reqs = [self.reqs[i] for i in keep_indices]
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.freed: list[HostKV] = []
+        self.host_pool = SimpleNamespace(allocator=SimpleNamespace(num_used=0), num_blocks=8)
+
+        self.untracked: list[str] = []
+
+    def free(self, host_kv: HostKV) -> None:
+        self.freed.append(host_kv)
+
+    def untrack(self, rid: str) -> None:
+        self.untracked.append(rid)
+
+
+class FakeTree:
+    def __init__(self) -> None:
+        self.unlocked: list[Any] = []
+
+    def unlock(self, lock: Any) -> None:
+        self.unlocked.append(lock)
+
+
+def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
+    rt = object.__new__(RotaSchedRuntime)
+    cfg = SuperInferConfig()
+    rt.cfg, rt.params = cfg, VltParams()
+    rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
+    rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
+    rt.bt, rt.clocks, rt.rotary, rt.resume_locks = 16, {}, {}, {}
+    rt.stats, rt.iteration, rt.rotate_every, rt.hold_rotary = RotationStats(), 0, 0, 0
+    rt.verify, rt.digests, rt.metrics = False, {}, None
+    rt.engine = FakeEngine()  # type: ignore[assignment]
+    requeued: list[FakeReq] = []
+    rt.sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
+                               _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
+    return rt
+
+
+def test_full_host_pool_falls_back_to_recompute_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = make_runtime()
+    a, b = FakeReq("a"), FakeReq("b")
+    batch = FakeBatch([a, b])
+    for r in (a, b):
+        rt.clock(r, 0.0).set_state(ReqState.RUNNING, 0.0)
+    monkeypatch.setattr(rotation, "rotate_out", lambda *args: None)  # HostPoolFull inside
+    monkeypatch.setattr(rotation, "retract_for_recompute", lambda sched, req: sched._add_request_to_queue(req, True))
+    rt._rotate_out(batch, [a], now=1.0)
+    assert [r.rid for r in batch.reqs] == ["b"] and not batch.batch_is_full
+    assert rt.sched.requeued == [a] and rt.stats.recompute_fallbacks == 1 and rt.stats.rotations_out == 0
+    assert rt.clocks["a"].recomputes == 1 and rt.clocks["a"].state == ReqState.WAITING
+    assert "a" not in rt.rotary and rt.engine.untracked == ["a"]  # type: ignore[attr-defined]
+
+
+def test_rotate_out_parks_request_as_rotary(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = make_runtime()
+    a = FakeReq("a")
+    rt.clock(a, 0.0).set_state(ReqState.RUNNING, 0.0)
+    kv = HostKV((0,), 4, 16)
+    monkeypatch.setattr(rotation, "rotate_out", lambda sched, req, engine, now: rotation.RotaryEntry(req, kv, now))
+    rt._rotate_out(FakeBatch([a]), [a], now=2.0)
+    assert rt.rotary["a"].host_kv == kv and rt.clocks["a"].rotations == 1
+    assert rt.clocks["a"].state == ReqState.ROTARY and rt.has_work()
+
+
+def test_abort_releases_rotary_and_resume_locks() -> None:
+    rt = make_runtime()
+    a, b, c = FakeReq("a"), FakeReq("b"), FakeReq("c")
+    for r in (a, b, c):
+        rt.clock(r, 0.0)
+    rt.rotary["a"] = rotation.RotaryEntry(a, HostKV((3,), 4, 16), 0.0)
+    rt.rotary["c"] = rotation.RotaryEntry(c, HostKV((4,), 4, 16), 0.0)
+    rt.resume_locks["b"] = "lock-b"
+    rt.before_abort(SimpleNamespace(abort_all=False, rid="a"))
+    assert rt.sched.waiting_queue == [a]  # SGLang's own abort path finds it there
+    assert [k.block_ids for k in rt.engine.freed] == [(3,)]  # type: ignore[attr-defined]
+    assert "c" in rt.rotary and rt.stats.aborted_rotary == 1 and "a" not in rt.clocks
+    rt.before_abort(SimpleNamespace(abort_all=True, rid=""))
+    assert not rt.rotary and not rt.resume_locks and not rt.clocks
+    assert rt.sched.tree_cache.unlocked == ["lock-b"] and not rt.has_work()
+    assert set(rt.engine.untracked) == {"a", "b", "c"}  # type: ignore[attr-defined]
+
+
+def test_admit_in_order_offers_only_chosen_and_keeps_the_rest() -> None:
+    w = [FakeReq(x) for x in "abcd"]
+    rt = make_runtime(waiting=w)
+    rt.resume_locks["c"] = "lock-c"
+    late = FakeReq("late")
+
+    def original(sched: Any, running_batch: Any) -> str:
+        assert [r.rid for r in sched.waiting_queue] == ["c", "a"]  # LVF's order, nobody else
+        sched.waiting_queue = [r for r in sched.waiting_queue if r.rid != "c"] + [late]
+        return "plan"
+
+    assert rt._admit_in_order(original, rt.sched, FakeBatch([]), [w[2], w[0]]) == "plan"
+    assert [r.rid for r in rt.sched.waiting_queue] == ["a", "b", "d", "late"]
+    assert rt.sched.tree_cache.unlocked == ["lock-c"] and "c" not in rt.resume_locks
+
+
+def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
+    rt = make_runtime()
+    r = FakeReq("x")
+    r.sampling_params.custom_params = {"slo_class": "interactive", "other": 1}
+    assert rt.clock(r, 0.0).slo == Slo(1000.0, 50.0) and rt.clocks["x"].slo_class == "interactive"
+    bad = FakeReq("y")
+    bad.sampling_params.custom_params = {"ttft_slo_ms": -1}
+    assert rt.clock(bad, 0.0).slo == rt.default_slo  # validated earlier, in the tokenizer

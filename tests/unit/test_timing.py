@@ -1,0 +1,141 @@
+"""Per-request clocks: TTFT from arrival, TBT gaps against the SLO, running stints, meta_info.
+
+Times are exact binary fractions so that SLO boundaries are exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from superinfer_sgl.rotasched import ReqState, Slo
+from superinfer_sgl.rotasched.timing import TBT_MET_SHARE, ReqClock
+
+SLO = Slo(ttft_ms=500, tbt_ms=100)
+
+
+def _clock(arrival: float = 10.0) -> ReqClock:
+    return ReqClock("r1", arrival, SLO)
+
+
+def test_fresh_clock_has_no_outcomes() -> None:
+    clk = _clock()
+    assert clk.state is ReqState.WAITING and clk.run_start is None
+    assert clk.ttft_met is None and clk.tbt_share_met is None and clk.tbt_met is None
+    assert (clk.gaps, clk.gaps_missed, clk.outputs_seen) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("first", "met"), [(10.25, True), (10.5, True), (10.5078125, False), (12.0, False)])
+def test_ttft_relative_to_arrival(first: float, met: bool) -> None:
+    clk = _clock(arrival=10.0)
+    clk.observe_outputs(1, first)
+    assert clk.first_token == clk.last_token == first
+    assert clk.ttft_met is met
+    assert clk.gaps == 0 and clk.tbt_met is None  # one token: no gap yet
+
+
+def test_tbt_gaps_counted_and_missed() -> None:
+    clk = _clock()
+    clk.observe_outputs(1, 10.0)
+    clk.observe_outputs(2, 10.0625)  # 62.5 ms: met
+    clk.observe_outputs(3, 10.1625 + 0.0000001)  # just over 100 ms: missed
+    clk.observe_outputs(4, 10.25)  # under 100 ms again
+    assert (clk.gaps, clk.gaps_missed) == (3, 1)
+    assert clk.max_gap == pytest.approx(0.1000001)
+    assert clk.tbt_share_met == pytest.approx(2 / 3)
+    assert clk.tbt_met is False
+    assert clk.outputs_seen == 4 and clk.last_token == 10.25
+
+
+def test_gap_exactly_at_slo_is_met() -> None:
+    clk = ReqClock("r", 0.0, Slo(ttft_ms=500, tbt_ms=125))
+    clk.observe_outputs(1, 1.0)
+    clk.observe_outputs(2, 1.125)
+    assert (clk.gaps, clk.gaps_missed) == (1, 0)
+
+
+def test_several_tokens_at_once_are_zero_length_gaps() -> None:
+    clk = _clock()
+    clk.observe_outputs(1, 10.0)
+    clk.observe_outputs(5, 10.5)  # one 500 ms gap (missed), then three zero-length gaps
+    assert (clk.gaps, clk.gaps_missed) == (4, 1)
+    assert clk.max_gap == 0.5
+    assert clk.tbt_share_met == 0.75
+    assert clk.outputs_seen == 5
+
+
+def test_first_observation_with_several_tokens() -> None:
+    clk = _clock(arrival=10.0)
+    clk.observe_outputs(3, 10.25)
+    assert clk.first_token == 10.25 and clk.ttft_met is True
+    assert (clk.gaps, clk.gaps_missed) == (2, 0)
+    assert clk.tbt_share_met == 1.0 and clk.tbt_met is True
+
+
+def test_no_new_tokens_is_a_no_op() -> None:
+    clk = _clock()
+    clk.observe_outputs(0, 10.0)
+    assert clk.first_token is None
+    clk.observe_outputs(2, 10.0)
+    snapshot = (clk.gaps, clk.gaps_missed, clk.last_token, clk.outputs_seen)
+    clk.observe_outputs(2, 99.0)
+    clk.observe_outputs(1, 99.0)
+    assert (clk.gaps, clk.gaps_missed, clk.last_token, clk.outputs_seen) == snapshot
+
+
+def test_tbt_met_threshold() -> None:
+    clk = _clock()
+    clk.observe_outputs(1, 0.0)
+    t = 0.0
+    for n in range(2, 12):  # 10 gaps, the last one missed: 90 % met
+        t += 0.5 if n == 11 else 0.0625
+        clk.observe_outputs(n, t)
+    assert clk.gaps == 10 and clk.gaps_missed == 1
+    assert clk.tbt_share_met == pytest.approx(TBT_MET_SHARE) and clk.tbt_met is True
+    clk.observe_outputs(12, t + 0.5)  # 2 of 11 missed
+    assert clk.tbt_met is False
+
+
+def test_set_state_run_start() -> None:
+    clk = _clock()
+    clk.set_state(ReqState.RUNNING, 11.0)
+    assert clk.state is ReqState.RUNNING and clk.run_start == 11.0
+    clk.set_state(ReqState.RUNNING, 12.0)  # still the same stint
+    assert clk.run_start == 11.0
+    clk.set_state(ReqState.ROTARY, 13.0)
+    assert clk.state is ReqState.ROTARY and clk.run_start is None
+    clk.set_state(ReqState.ROTARY, 13.5)
+    assert clk.run_start is None
+    clk.set_state(ReqState.RUNNING, 14.0)  # a new stint
+    assert clk.run_start == 14.0
+    clk.set_state(ReqState.WAITING, 15.0)
+    assert clk.state is ReqState.WAITING and clk.run_start is None
+
+
+def test_set_state_waiting_never_sets_run_start() -> None:
+    clk = _clock()
+    clk.set_state(ReqState.WAITING, 11.0)
+    assert clk.run_start is None
+
+
+def test_meta_info() -> None:
+    clk = ReqClock("r", 0.0, SLO, slo_class="interactive")
+    clk.rotations, clk.recomputes = 2, 1
+    clk.observe_outputs(1, 0.25)
+    clk.observe_outputs(2, 0.5)
+    assert clk.meta_info() == {
+        "superinfer_rotations": 2,
+        "superinfer_recomputes": 1,
+        "superinfer_slo_class": "interactive",
+        "superinfer_ttft_slo_ms": 500.0,
+        "superinfer_tbt_slo_ms": 100.0,
+        "superinfer_ttft_slo_met": True,
+        "superinfer_tbt_slo_met": False,
+        "superinfer_tbt_gaps_met_share": 0.0,
+    }
+
+
+def test_meta_info_before_any_token() -> None:
+    info = _clock().meta_info()
+    assert info["superinfer_slo_class"] is None
+    assert info["superinfer_ttft_slo_met"] is None and info["superinfer_tbt_slo_met"] is None
+    assert info["superinfer_tbt_gaps_met_share"] is None
