@@ -31,11 +31,13 @@ class SuperInferConfig:
     vlt_alpha: float = 3.0
     vlt_beta_ttft: float = 0.5
     vlt_beta_tbt: float = 0.0
-    rotation_budget_blocks: int = 2400
+    # None: the paper's 2400 blocks, capped at an eighth of the device KV pool per iteration.
+    rotation_budget_blocks: int | None = None
     rotary_block_tokens: int = 16
     rotary_pool_gb: float | None = None
     kv_transfer: str = "auto"
     eager_sync: bool = True
+    mixed_resume: bool = True
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
 
@@ -50,7 +52,8 @@ class SuperInferConfig:
         for name in ("vlt_beta_ttft", "vlt_beta_tbt"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
-        _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
+        if self.rotation_budget_blocks is not None:
+            _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
         if self.rotary_pool_gb is not None:
             _require(math.isfinite(self.rotary_pool_gb) and self.rotary_pool_gb > 0, "rotary_pool_gb",
@@ -93,7 +96,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vlt-beta-ttft", type=float, default=d.vlt_beta_ttft, help="VLT TTFT slack fraction")
     g.add_argument("--vlt-beta-tbt", type=float, default=d.vlt_beta_tbt, help="VLT TBT slack fraction")
     g.add_argument("--rotation-budget-blocks", type=int, default=d.rotation_budget_blocks,
-                   help="B_xfer: rotation blocks moved per iteration in each direction")
+                   help="B_xfer: rotation blocks moved per iteration in each direction (default: "
+                        "2400, the paper's, capped at 1/8 of the device KV pool)")
     g.add_argument("--rotary-block-tokens", type=int, default=d.rotary_block_tokens,
                    help="tokens per host rotation block")
     g.add_argument("--rotary-pool-gb", type=float, default=d.rotary_pool_gb,
@@ -103,6 +107,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eager-sync", action=argparse.BooleanOptionalAction, default=d.eager_sync,
                    help="copy filled KV blocks of running requests to host in the background, so "
                         "rotating a request out moves only its unsynced tail")
+    g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
+                   help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
+                        "one-token extend rides along with the decode batch instead of stalling it")
 
 
 def from_namespace(ns: argparse.Namespace) -> SuperInferConfig:

@@ -92,6 +92,10 @@ def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     rest = resolve_model(rest)
     defaults = device_defaults(rest)
     rest = apply_device_defaults(rest, defaults)
+    if cfg.scheduler == "rotasched" and cfg.mixed_resume and not flag_given(rest, "--enable-mixed-chunk"):
+        # A resume re-enters through prefill (a one-token extend); mixed chunks let it share the
+        # decode batch's forward instead of costing the running requests a whole iteration.
+        rest.append("--enable-mixed-chunk")
     check_port_free(flag_value(rest, "--host") or "127.0.0.1", int(flag_value(rest, "--port") or 30000))
     if defaults.cpu and CPU_COMPAT_ENV not in os.environ:
         os.environ[CPU_COMPAT_ENV] = "1"

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..rotasched.slo import Slo, SloClasses, SloError
 from .profiles import PROFILES, Profile, make_dummy_model
 from .runner import Plan, SweepPoint, describe, execute, prepare_files
-from .servers import noise_twin, shared_flags, systems
+from .servers import noise_twin, shared_flags, stop_all, systems
 from .traces import LengthFit, TraceError, load_trace, to_requests
 from .workloads import (
     BenchRequest,
@@ -202,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(config["bench_serving_args"]))
         print(f"points: {', '.join(pt['label'] for pt in config['points'])}; plan: {plan.out_dir / 'plan.json'}")
         return 0
-    doc = execute(plan, config)
+    try:
+        doc = execute(plan, config)
+    except KeyboardInterrupt:
+        left = stop_all()  # the signal handler already did; this covers an interrupt before it was set
+        print(f"ab_bench: interrupted; partial results in {plan.out_dir / 'ab.json'}"
+              + (f"; processes left: {left}" if left else ""), file=sys.stderr)
+        return 130
     print((plan.out_dir / "table.md").read_text())
     print(f"results: {plan.out_dir / 'ab.json'}, plot: {plan.out_dir / 'attainment.png'}")
     left = {k: v for k, v in doc["processes_left"].items() if v}

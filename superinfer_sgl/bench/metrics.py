@@ -205,11 +205,14 @@ COUNTERS = (
 
 
 def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
-    """Per-run counts; None where the server does not export the series at all."""
+    """Per-run counts. A labelled counter appears only at its first increment, so a missing series
+    of a family the server does export (same prefix) counts 0; None where the whole family is absent
+    (e.g. superinfer_ on stock SGLang, or /metrics unreachable)."""
     out: dict[str, float | None] = {}
     for key, series in COUNTERS:
-        if series not in after:
+        family = series.split(":")[0] + ":" if ":" in series else series.split("_")[0] + "_"
+        if not any(name.startswith(family) for name in after):
             out[key] = None
         else:
-            out[key] = after[series] - before.get(series, 0.0)
+            out[key] = after.get(series, 0.0) - before.get(series, 0.0)
     return out

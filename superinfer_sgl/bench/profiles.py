@@ -55,18 +55,22 @@ CPU_CLASSES = json.dumps({
 CPU_INPUT = LengthDist(median=160, sigma=0.6, lo=48, hi=480)
 CPU_OUTPUT = LengthDist(median=48, sigma=0.5, lo=16, hi=128)
 
+# The host rotary pool would default to a quarter of free RAM (GBs); a KV budget of a few thousand
+# SmolLM2 tokens (23 KB each) needs a few tens of MB.
+CPU_OUR_FLAGS = ("--rotary-pool-gb", "0.25")
+
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke", device="cpu", kv_tokens=1024, chunked_prefill=256, rates=(0.5, 2.0), num_requests=6,
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
         slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
-        ready_timeout_s=240.0, run_timeout_s=120.0,
+        our_flags=CPU_OUR_FLAGS, ready_timeout_s=420.0, run_timeout_s=300.0,
     ),
     "cpu": Profile(
         name="cpu", device="cpu", kv_tokens=2048, chunked_prefill=512, rates=(0.25, 0.5, 0.75, 1.0, 1.5),
         num_requests=40, inputs=CPU_INPUT, outputs=CPU_OUTPUT,
         slo=Slo(6000, 400), slo_classes=CPU_CLASSES, class_mix="interactive:1,standard:1,batch:1",
-        run_timeout_s=420.0,
+        our_flags=CPU_OUR_FLAGS, run_timeout_s=420.0,
     ),
     "gpu": Profile(
         name="gpu", device="cuda", kv_tokens=65536, chunked_prefill=8192, rates=(4, 8, 12, 16, 20, 24),

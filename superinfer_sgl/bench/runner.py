@@ -7,6 +7,7 @@ so `--dry-run` can print and save it and tests can inspect it without a server.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -106,8 +107,6 @@ def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    import os
-
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -153,7 +152,7 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
 
     pbar.reset(total=len(plan.requests))
     pbar.set_description(f"  {spec.name} @ {pt.label}")
-    before = scrape(server.url)
+    before, load0 = scrape(server.url), os.getloadavg()
     run = run_client(args, out / "schedules" / f"{i:02d}.json", out / "logs" / f"{tag}.client.log", raw,
                      progress, timeout_s=plan.profile.run_timeout_s)
     after = scrape(server.url)
@@ -166,6 +165,8 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
         "rate": pt.rate, "label": pt.label, "offered_rate": offered_rate(pt.arrivals),
         "summary": asdict(summary), "counters": counter_deltas(before, after),
         "client_wall_s": run.wall_s,
+        # 1-minute load average before and after: this machine is shared, so say how busy it was
+        "loadavg_1m": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "requests": {
             "success": [o.success for o in outcomes],
             "ttft_ms": [round(o.ttft_s * 1000, 3) for o in outcomes],
@@ -212,6 +213,7 @@ def execute(plan: Plan, config: dict[str, Any]) -> dict[str, Any]:
             finally:
                 left = server.stop()
                 doc["processes_left"][spec.name] = left
+                doc.setdefault("servers", {})[spec.name] = {"port": server.port, "pids": sorted(server.pids)}
                 save(plan, doc)
     finally:
         inner.close()

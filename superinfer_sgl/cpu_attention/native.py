@@ -28,7 +28,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 _ENTRY = {torch.float32: "superinfer_paged_decode_f32", torch.bfloat16: "superinfer_paged_decode_bf16"}
 _ERRORS = {-1: "query heads not a multiple of KV heads", -2: "group or head_dim too large", -3: "bad seq_lens or out of memory"}

@@ -45,6 +45,7 @@ TEST_HOLD_ROTARY_ENV = "SUPERINFER_TEST_HOLD_ROTARY_ITERS"
 # Debug check: hash each request's KV bytes when it rotates out and again once it is re-admitted.
 VERIFY_ENV = "SUPERINFER_VERIFY_ROTATION"
 DEFAULT_HOST_RAM_FRACTION = 0.25
+PAPER_BUDGET_BLOCKS = 2400
 _CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
 
 
@@ -69,6 +70,7 @@ class RotaSchedRuntime:
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.bt = cfg.rotary_block_tokens
+        self.budget = self._budget(cfg, getattr(sched, "max_total_num_tokens", 0))
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
         self.resume_locks: dict[str, Any] = {}
@@ -95,6 +97,14 @@ class RotaSchedRuntime:
         return RotaSchedMetrics()
 
     # ---- setup -------------------------------------------------------------------------------
+    @staticmethod
+    def _budget(cfg: SuperInferConfig, pool_tokens: int) -> int:
+        # The paper's 2400 blocks (38k tokens) exceed a small pool many times over; then every
+        # iteration could reshuffle all of memory. An eighth of the pool bounds that churn.
+        if cfg.rotation_budget_blocks is not None:
+            return cfg.rotation_budget_blocks
+        return max(1, min(PAPER_BUDGET_BLOCKS, pool_tokens // cfg.rotary_block_tokens // 8))
+
     def _init_engine(self) -> None:
         tree = self.sched.tree_cache
         if getattr(tree, "disable", False) or not tree.supports_prefix_sharing():
@@ -113,8 +123,9 @@ class RotaSchedRuntime:
         )
         host = HostKVPool(blocks, dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype)
         self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
-        logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s",
-                    blocks, self.bt, blocks * host.bytes_per_block / 2**30, self.engine.transfer)
+        logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s, "
+                    "rotation budget %d blocks/iteration", blocks, self.bt,
+                    blocks * host.bytes_per_block / 2**30, self.engine.transfer, self.budget)
 
     def _broadcaster(self) -> Callable[[object], object]:
         tp_size = getattr(self.sched, "tp_size", 1)
@@ -191,7 +202,7 @@ class RotaSchedRuntime:
         return queue
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
-        budget = self.cfg.rotation_budget_blocks  # eager copies share the outbound budget
+        budget = self.budget  # eager copies share the outbound budget
         for req in live:
             if budget <= 0:
                 return
@@ -202,7 +213,7 @@ class RotaSchedRuntime:
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
-        return lvf_decide(views, self._free_blocks(running_batch), self.cfg.rotation_budget_blocks, now, self.params)
+        return lvf_decide(views, self._free_blocks(running_batch), self.budget, now, self.params)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:

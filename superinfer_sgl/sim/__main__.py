@@ -2,6 +2,7 @@
 
   run       one workload through one or more policies on one cost profile, print a summary
   paper     the paper's scenario on GH200 and H100 profiles: sweeps, plots, claim table
+  whatif    LVF knobs (budget, alpha, beta_tbt, mixed chunk, lookahead, direct resume) at one point
   --validate AB_JSON   replay the A/B harness's workload and compare with its measurements
   speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
 
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     paper.add_argument("--jobs", type=int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
     paper.add_argument("--out", type=Path, default=RESULTS)
+    whatif = sub.add_parser("whatif", help="LVF knobs at one contended point (GH200, 15 req/s)")
+    whatif.add_argument("--jobs", type=int, default=1)
+    whatif.add_argument("--out", type=Path, default=RESULTS)
     speed = sub.add_parser("speed", help="wall time of 120 s at 20 req/s, per policy")
     speed.add_argument("--profile", default="gh200-qwen2.5-32b")
     speed.add_argument("--policy", action="append", choices=sorted(POLICIES))
@@ -120,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = paper.run(a.out, a.jobs, a.quick)
         print(json.dumps(doc["claims"], indent=1))
+    elif a.cmd == "whatif":
+        from superinfer_sgl.sim import paper
+
+        paper.run_whatif(a.out, a.jobs)
+        print((a.out / "sim_whatif.md").read_text())
     elif a.cmd == "speed":
         _speed(a)
     else:

@@ -37,11 +37,14 @@ def request_outcomes(sim: Simulator) -> list[dict[str, object]]:
         finished = r.phase is Phase.FINISHED
         ttft = None if c.first_token is None else c.first_token - r.spec.arrival
         share = c.tbt_share_met
+        tpot = ((c.last_token - c.first_token) / (r.outputs - 1)
+                if r.outputs > 1 and c.first_token is not None and c.last_token is not None else None)
         rows.append({
             "rid": r.rid,
             "ttft": ttft,
             "ttft_met": ttft is not None and ttft <= r.spec.ttft_slo + 1e-12,
             "tbt_met": finished and (share is None or share >= TBT_MET_SHARE),
+            "tpot_met": finished and (tpot is None or tpot <= r.spec.tbt_slo + 1e-12),
             "finished": finished,
             "rotations": r.rotations,
             "recomputes": r.recomputes,
@@ -60,6 +63,7 @@ def summarize(sim: Simulator) -> dict[str, object]:
     ttft_met = sum(x["ttft_met"] for x in rows)
     tbt_met = sum(x["tbt_met"] for x in rows)
     both = sum(x["ttft_met"] and x["tbt_met"] for x in rows)
+    tpot_met = sum(x["tpot_met"] for x in rows)
     tokens = sum(r.outputs for r in sim.reqs)
     span = max(sim.now, 1e-9)
     s = sim.stats
@@ -76,6 +80,7 @@ def summarize(sim: Simulator) -> dict[str, object]:
         "tbt_attainment": tbt_met / n if n else None,
         "both_attainment": both / n if n else None,
         "tbt_gap_attainment": 1.0 - missed / n_gaps if n_gaps else None,  # pooled, own SLOs
+        "tpot_attainment": tpot_met / n if n else None,
         "ttft_p50_s": _pct(ttfts, 50),
         "ttft_p90_s": _pct(ttfts, 90),
         "ttft_p99_s": _pct(ttfts, 99),

@@ -15,8 +15,8 @@ from superinfer_sgl.sim.runner import Job, run_jobs
 
 PROFILES = {"gh200-qwen2.5-32b": "GH200 (NVLink-C2C)", "h100-pcie5-qwen2.5-32b": "H100 (PCIe Gen5)"}
 POLICIES = ("sglang", "sglang-priority", "vllm-swap-waiting-first", "vllm-swap-swapped-first",
-            "lvf-naive", "lvf-duplex", "lvf-duplex-direct", "oracle")
-RATES = (5.0, 10.0, 15.0, 20.0)
+            "lvf-naive", "lvf-batched", "lvf-duplex", "lvf-duplex-direct", "oracle")
+RATES = (2.5, 5.0, 10.0, 15.0, 20.0)
 BUDGETS = (300, 600, 1200, 2400, 4800)
 BUDGET_RATE = 20.0
 VLLM = ("vllm-swap-waiting-first", "vllm-swap-swapped-first")
@@ -145,3 +145,44 @@ def tables_markdown(doc: dict) -> str:
                              f"{r['rotations_out']} | {r['moved_in_gb']:.0f} |")
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+# What-ifs around LVF at one contended point: which knob keeps TBT while keeping the TTFT gain.
+WHATIF_RATE = 15.0
+WHATIFS: dict[str, dict] = {
+    "lvf-duplex (defaults)": {},
+    "budget 300 blocks": {"budget_blocks": 300},
+    "beta_tbt 1.0 (rotary waits one TBT SLO)": {"vlt": (3.0, 0.5, 1.0)},
+    "alpha 1": {"vlt": (1.0, 0.5, 0.0)},
+    "mixed chunk (prefill batches also decode)": {"mixed_chunk": True},
+    "lookahead (transfers overlap compute)": {"lookahead": True},
+    "direct resume (lvf-duplex-direct)": {"policy": "lvf-duplex-direct"},
+    "direct resume + mixed chunk + beta_tbt 1.0": {"policy": "lvf-duplex-direct", "mixed_chunk": True,
+                                                   "vlt": (3.0, 0.5, 1.0)},
+}
+
+
+def whatif_jobs(profile: str = "gh200-qwen2.5-32b", rate: float = WHATIF_RATE) -> list[Job]:
+    out = []
+    for label, kw in WHATIFS.items():
+        kw = dict(kw)
+        policy = kw.pop("policy", "lvf-duplex")
+        out.append(Job(profile, policy, rate=rate, tags={"sweep": "whatif", "label": label}, **kw))
+    for base in ("sglang", "vllm-swap-waiting-first"):
+        out.append(Job(profile, base, rate=rate, tags={"sweep": "whatif", "label": base}))
+    return out
+
+
+def run_whatif(out_dir: Path, processes: int = 1) -> list[dict]:
+    results = run_jobs(whatif_jobs(), processes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sim_whatif.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    lines = [f"What-ifs for LVF on {results[0]['profile']} at {WHATIF_RATE:g} req/s (120 s, ShareGPT-like)", "",
+             "| variant | TTFT att. | TBT att. (90% gaps) | TPOT att. | both | P99 TTFT s | P99 TBT s | rotations | sim end s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['label']} | {_pct(r['ttft_attainment'])} | {_pct(r['tbt_attainment'])} | "
+                     f"{_pct(r.get('tpot_attainment'))} | {_pct(r['both_attainment'])} | {_s(r['ttft_p99_s'])} | "
+                     f"{_s(r['tbt_p99_s'])} | {r['rotations_out']} | {r['sim_end_s']:.0f} |")
+    (out_dir / "sim_whatif.md").write_text("\n".join(lines) + "\n")
+    return results

@@ -119,6 +119,11 @@ def test_rotated_requests_equal_stock_alone(request: pytest.FixtureRequest, fixt
     assert after["superinfer_resumes_total"] > before.get("superinfer_resumes_total", 0)
     mismatched = [p for p, r in got.items() if _ids(r) != stock_alone[p]]
     assert not mismatched, f"{len(mismatched)} of {len(PROMPTS)} outputs changed by rotation"
+    # Eager sync: filled blocks went to host ahead of time, so rotations moved only tails.
+    def delta(key: str) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+    assert delta('superinfer_rotation_bytes_total{direction="eager_out"}') > 0
+    assert delta('superinfer_rotation_bytes_total{direction="out"}') < delta('superinfer_rotation_bytes_total{direction="in"}')
     # KV bytes hashed at rotate-out equal the bytes the request reads after resuming.
     assert after.get('superinfer_kv_verify_total{outcome="identical"}', 0) > 0
     assert after.get('superinfer_kv_verify_total{outcome="changed"}', 0) == 0

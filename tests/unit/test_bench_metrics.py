@@ -87,7 +87,12 @@ def test_prometheus_parsing_and_deltas() -> None:
                              'sglang:num_retracted_requests_total{model_name="n"} 1\nsuperinfer_resumes_total 6\n')
     assert after["sglang:num_retracted_requests_total"] == 5.0
     d = counter_deltas(before, after)
-    assert d == {"rotations": 7.0, "resumes": 6.0, "recompute_fallbacks": None, "retractions": 4.0}
+    assert d == {"rotations": 7.0, "resumes": 6.0, "recompute_fallbacks": 0.0, "retractions": 4.0}
+    # stock SGLang before its first retraction: no superinfer_ family, no retraction series yet
+    stock = parse_prometheus('sglang:num_running_reqs{model_name="m"} 0\n')
+    assert counter_deltas(stock, stock) == {"rotations": None, "resumes": None, "recompute_fallbacks": None,
+                                            "retractions": 0.0}
+    assert counter_deltas({}, {})["retractions"] is None  # /metrics unreachable
 
 
 def _point(rate: float, ttft: float, tbt: float, joint: float, tput: float) -> dict:

@@ -32,7 +32,7 @@ def test_defaults_are_the_paper_settings() -> None:
     assert (cfg.ttft_slo_ms, cfg.tbt_slo_ms) == (5000.0, 100.0)
     assert cfg.vlt_alpha == 3.0
     assert (cfg.vlt_beta_ttft, cfg.vlt_beta_tbt) == (0.5, 0.0)
-    assert cfg.rotation_budget_blocks == 2400
+    assert cfg.rotation_budget_blocks is None  # auto: 2400 capped at 1/8 of the device pool
     assert cfg.rotary_block_tokens == 16
     assert cfg.slo_classes is None and cfg.rotary_pool_gb is None and cfg.handshake_dir is None
     assert cfg.kv_transfer == "auto"
@@ -188,7 +188,8 @@ def test_cli_flags_are_in_their_own_group() -> None:
     assert flags == {
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--rotation-budget-blocks", "--rotary-block-tokens",
-        "--rotary-pool-gb", "--kv-transfer",
+        "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--mixed-resume",
+        "--no-mixed-resume",
     }
 
 

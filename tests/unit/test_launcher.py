@@ -181,7 +181,8 @@ def test_prepare_keeps_cpu_compat_choice(tmp_path: Path, monkeypatch: pytest.Mon
 def test_prepare_with_cuda(tmp_path: Path, with_cuda: None) -> None:
     model, port = str(_model_dir(tmp_path)), str(_free_port())
     _, rest = launch_server.prepare(["--model-path", model, "--port", port])
-    assert rest == ["--model-path", model, "--port", port, "--attention-backend", "flashinfer"]
+    assert rest == ["--model-path", model, "--port", port, "--attention-backend", "flashinfer",
+                    "--enable-mixed-chunk"]  # rotasched resumes ride along with decode
     assert CPU_COMPAT_ENV not in os.environ
     assert SuperInferConfig.from_env() == SuperInferConfig()
 
@@ -385,3 +386,13 @@ def test_cli_subprocess_one_line_error(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "--ttft-slo-ms" in _one_error_line(proc.stderr)
+
+
+def test_mixed_chunk_only_for_rotasched_and_not_twice(tmp_path: Path, with_cuda: None) -> None:
+    model = str(_model_dir(tmp_path))
+    _, rest = launch_server.prepare(["--model-path", model, "--port", str(_free_port()), "--scheduler", "sglang"])
+    assert "--enable-mixed-chunk" not in rest
+    _, rest = launch_server.prepare(["--model-path", model, "--port", str(_free_port()), "--no-mixed-resume"])
+    assert "--enable-mixed-chunk" not in rest
+    _, rest = launch_server.prepare(["--model-path", model, "--port", str(_free_port()), "--enable-mixed-chunk"])
+    assert rest.count("--enable-mixed-chunk") == 1

@@ -69,7 +69,7 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt.cfg, rt.params = cfg, VltParams()
     rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
     rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
-    rt.bt, rt.clocks, rt.rotary, rt.resume_locks = 16, {}, {}, {}
+    rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400
     rt.stats, rt.iteration, rt.rotate_every, rt.hold_rotary = RotationStats(), 0, 0, 0
     rt.verify, rt.digests, rt.metrics = False, {}, None
     rt.engine = FakeEngine()  # type: ignore[assignment]
@@ -147,3 +147,10 @@ def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
     bad = FakeReq("y")
     bad.sampling_params.custom_params = {"ttft_slo_ms": -1}
     assert rt.clock(bad, 0.0).slo == rt.default_slo  # validated earlier, in the tokenizer
+
+
+def test_default_budget_is_the_papers_capped_by_the_pool() -> None:
+    cfg = SuperInferConfig()
+    assert RotaSchedRuntime._budget(cfg, 10_000_000) == 2400
+    assert RotaSchedRuntime._budget(cfg, 2048) == 16  # 128 blocks of 16 tokens / 8
+    assert RotaSchedRuntime._budget(SuperInferConfig(rotation_budget_blocks=7), 2048) == 7

@@ -16,6 +16,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define MAX_G 32
 #define MAX_D 256
@@ -39,6 +42,57 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x.u >> 16);
 }
 
+/* q . k over d < D. The hot loop of the score pass: with AVX-512 one fused multiply-add chain
+ * and one tree reduction per dot product (the auto-vectorised loop reduced lane by lane). */
+static inline float dot(const float *a, const float *b, int D) {
+#ifdef __AVX512F__
+    if ((D & 15) == 0) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+        for (int d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+#endif
+    float s = 0.f;
+    for (int d = 0; d < D; ++d) s += a[d] * b[d];
+    return s;
+}
+
+/* x[j] = exp(x[j] - m) for j < n; returns the sum. glibc's expf is scalar here (its vector
+ * variants need -ffast-math, which would break the -INFINITY max), so AVX-512 uses Cephes'
+ * expf polynomial (relative error < 2e-7) with an exact 2^n scale. */
+static inline float exp_shift_sum(float *x, int64_t n, float m) {
+    float sum = 0.f;
+    int64_t j = 0;
+#ifdef __AVX512F__
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm), _mm512_set1_ps(-87.f));
+        __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fnmadd_ps(e, _mm512_set1_ps(0.693359375f), v);
+        r = _mm512_fnmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), r);
+        __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+        p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+        p = _mm512_maskz_mov_ps(k, _mm512_scalef_ps(p, e));
+        _mm512_mask_storeu_ps(x + j, k, p);
+        acc = _mm512_add_ps(acc, p);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; j < n; ++j) {
+        x[j] = expf(x[j] - m);
+        sum += x[j];
+    }
+    return sum;
+}
+
 /* One (request, KV head) work item, for element type T with loader LOAD and storer STORE. */
 #define DEFINE_ITEM(NAME, T, LOAD, STORE)                                                        \
 static void NAME(const T *q, const T *k, const T *v, T *out, const int32_t *slots, int64_t len,   \
@@ -59,17 +113,13 @@ static void NAME(const T *q, const T *k, const T *v, T *out, const int32_t *slot
         float kf[MAX_D];                                                                          \
         for (int d = 0; d < D; ++d) kf[d] = LOAD(kr[d]);                                          \
         for (int g = 0; g < G; ++g) {                                                             \
-            float s = 0.f;                                                                        \
-            _Pragma("omp simd reduction(+:s)")                                                    \
-            for (int d = 0; d < D; ++d) s += qf[g][d] * kf[d];                                    \
+            float s = dot(qf[g], kf, D);                                                          \
             scores[g * len + j] = s;                                                              \
             if (s > mx[g]) mx[g] = s;                                                             \
         }                                                                                         \
     }                                                                                             \
     for (int g = 0; g < G; ++g) {                                                                 \
-        float *sg = scores + g * len, m = mx[g], sum = 0.f;                                       \
-        for (int64_t j = 0; j < len; ++j) { sg[j] = expf(sg[j] - m); sum += sg[j]; }              \
-        den[g] = sum;                                                                             \
+        den[g] = exp_shift_sum(scores + g * len, len, mx[g]);                                     \
     }                                                                                             \
     for (int64_t j = 0; j < len; ++j) {                                                           \
         const T *vr = v + (int64_t)slots[j] * kv_ss;                                              \

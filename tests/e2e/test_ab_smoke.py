@@ -1,0 +1,110 @@
+"""The A/B harness end to end, CI-sized: `python scripts/ab_bench.py --profile smoke`.
+
+Stock SGLang and our server in turn, two Poisson rates, a few short requests each, through
+sglang.benchmark.serving. Checks that the run is real: every request of both systems completed
+with the requested number of tokens, the JSON carries every field, attainment figures lie in
+[0, 1] and follow from the per-request data, and no server process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from superinfer_sgl.rotasched.timing import TBT_MET_SHARE
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY_KEYS = {"n", "completed", "duration_s", "ttft_attainment", "tbt_gap_attainment", "tbt_request_attainment",
+                "joint_attainment", "goodput_rps", "request_throughput_rps", "output_throughput_tps",
+                "p50_ttft_ms", "p99_ttft_ms", "p50_tbt_ms", "p99_tbt_ms", "p50_e2e_ms", "p99_e2e_ms", "by_class"}
+ATTAINMENT = ("ttft_attainment", "tbt_gap_attainment", "tbt_request_attainment", "joint_attainment")
+
+
+@pytest.fixture(scope="module")
+def smoke(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("ab_smoke")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_bench.py"), "--profile", "smoke",
+                           "--out", str(out)], capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "ab.json").read_text()), out
+
+
+def test_both_systems_completed_every_request(smoke: tuple[dict, Path]) -> None:
+    doc, _ = smoke
+    cfg = doc["config"]
+    expected = [r["output_tokens"] for r in cfg["requests"]]
+    assert set(doc["results"]) == {"sglang", "superinfer"} and not doc["errors"]
+    for system, points in doc["results"].items():
+        assert [p["rate"] for p in points] == [pt["rate"] for pt in cfg["points"]], system
+        for p in points:
+            reqs = p["requests"]
+            assert p["summary"]["completed"] == p["summary"]["n"] == len(expected), (system, p["rate"])
+            assert all(reqs["success"]) and not any(reqs["errors"])
+            assert reqs["output_len"] == expected, (system, p["rate"])  # ignore_eos: the same work
+
+
+def test_json_fields_and_ranges(smoke: tuple[dict, Path]) -> None:
+    doc, out = smoke
+    cfg = doc["config"]
+    for key in ("profile", "argv", "date_utc", "machine", "model", "shared_server_flags", "server_commands",
+                "bench_serving_args", "slo_default", "requests", "points"):
+        assert key in cfg, key
+    assert cfg["server_commands"]["sglang"][:2] == ["-m", "sglang.launch_server"]
+    assert cfg["server_commands"]["superinfer"][:2] == ["-m", "superinfer_sgl.launch_server"]
+    for system, points in doc["results"].items():
+        for p in points:
+            s = p["summary"]
+            assert SUMMARY_KEYS <= set(s), SUMMARY_KEYS - set(s)
+            for key in ATTAINMENT:
+                assert 0.0 <= s[key] <= 1.0, (system, key, s[key])
+            assert s["p50_ttft_ms"] <= s["p99_ttft_ms"] and s["output_throughput_tps"] > 0
+            assert {"rotations", "resumes", "recompute_fallbacks", "retractions"} <= set(p["counters"])
+            assert p["counters"]["retractions"] is not None  # SGLang's own counter, both systems
+        if system == "superinfer":
+            assert all(p["counters"]["rotations"] is not None for p in points)  # superinfer_ series exported
+    assert "targets" in doc and {"rate", "capacity", "capacity_ratio"} <= set(doc["targets"])
+    assert (out / "table.md").read_text().count("| superinfer |") == len(cfg["points"])
+    assert (out / "attainment.png").stat().st_size > 10_000
+
+
+def test_attainment_follows_from_per_request_data(smoke: tuple[dict, Path]) -> None:
+    doc, _ = smoke
+    for points in doc["results"].values():
+        for p in points:
+            r, s = p["requests"], p["summary"]
+            n = len(r["ttft_ms"])
+            ttft_met = [ok and t <= slo for ok, t, slo in zip(r["success"], r["ttft_ms"], r["ttft_slo_ms"])]
+            share = [m / g if g else 1.0 for m, g in zip(r["gaps_met"], r["n_gaps"])]
+            assert s["ttft_attainment"] == pytest.approx(sum(ttft_met) / n)
+            assert s["tbt_gap_attainment"] == pytest.approx(sum(r["gaps_met"]) / sum(r["n_gaps"]))
+            assert s["tbt_request_attainment"] == pytest.approx(
+                sum(m == g for m, g in zip(r["gaps_met"], r["n_gaps"])) / n)
+            assert s["joint_attainment"] == pytest.approx(
+                sum(t and sh >= TBT_MET_SHARE for t, sh in zip(ttft_met, share)) / n)
+            assert s["goodput_rps"] == pytest.approx(s["joint_attainment"] * n / s["duration_s"])
+            assert all(g == o - 1 for g, o in zip(r["n_gaps"], r["output_len"]))
+
+
+def test_no_process_left(smoke: tuple[dict, Path]) -> None:
+    doc, out = smoke
+    assert all(not left for left in doc["processes_left"].values()), doc["processes_left"]
+    assert set(doc["processes_left"]) == {"sglang", "superinfer"}
+    pids = {pid for s in doc["servers"].values() for pid in s["pids"]}
+    ports = {f"--port {s['port']}" for s in doc["servers"].values()}
+    assert len(pids) >= 6  # launcher, scheduler, detokenizer of each server were tracked
+    mine = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmd = " ".join(p.info["cmdline"] or [])
+        # the load generator had the output folder in its argv, the servers their port
+        if p.pid in pids or str(out) in cmd or any(port in cmd for port in ports):
+            mine.append((p.pid, cmd[:120]))
+    assert not mine, mine
