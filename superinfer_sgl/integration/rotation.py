@@ -57,6 +57,7 @@ def rotate_out(sched: Any, req: Any, engine: RotationEngine, now: float) -> Rota
 
     n = restorable_tokens(req)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+    engine.track(req.rid)  # idempotent: eager sync may not have reached this request yet
     try:
         # Blocks the eager sync already copied are reused; only the unsynced tail moves now.
         host_kv = engine.save_request(req.rid, row, n)
