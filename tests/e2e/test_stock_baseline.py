@@ -31,7 +31,6 @@ def test_stock_sglang_serves_on_cpu_with_plugin_inert(stock_server: Server,
     prompt = "List the planets of the solar system in order from the sun:"
     resp = generate(stock_server, prompt, max_new_tokens=16)
     assert "superinfer" not in resp["meta_info"]  # none of our hooks ran
-    applied = [l for l in stock_server.log().splitlines() if "Applied" in l and "superinfer" in l]
-    assert applied and all("RotaryEmbedding.__init__" in l for l in applied), applied
+    assert "superinfer: host rotary pool" not in stock_server.log()  # no RotaSched runtime
     ours = generate(stock_sched_server, prompt, max_new_tokens=16)
     assert resp["output_ids"] == ours["output_ids"]
