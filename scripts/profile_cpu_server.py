@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -154,6 +155,7 @@ def measure_link(shape: dict, sizes: list[int], reps: int = 5) -> list[dict]:
     out = []
     for n in sizes:
         slots = torch.arange(1, n + 1, dtype=torch.int64)
+        engine.free(engine.save(slots))  # warm-up: first touch of the pools' pages
         t_out, t_in = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -220,10 +222,18 @@ def main() -> None:
     decodes = [(1, 64), (8, 64)] if args.quick else [(1, 64), (4, 64), (8, 64), (16, 64), (4, 768), (8, 768)]
     raw: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": platform.node() or "unknown", "cpus": os.cpu_count(),
-                 "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+                 "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+                 "env": {k: v for k, v in os.environ.items() if k.startswith(("SUPERINFER_", "SGLANG_"))}}
     log = REPO / "results" / "sim_cpu_profile_server.log"
     log.parent.mkdir(exist_ok=True)
     proc = start_server(port, args.max_total_tokens, log)
+
+    def stop(signum: int, _frame: object) -> None:  # threads may be blocked in HTTP reads
+        os.killpg(proc.pid, signal.SIGTERM)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         wait_ready(base, proc)
         stream(base, 16, 4, seed=1)  # warm-up

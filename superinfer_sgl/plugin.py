@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 CPU_COMPAT_ENV = "SUPERINFER_CPU_COMPAT"
+CPU_ATTENTION_ENV = "SUPERINFER_CPU_ATTENTION"
 
 
 def cpu_compat_enabled(environ: dict[str, str] | None = None) -> bool:
@@ -24,6 +25,11 @@ def load() -> None:
         from superinfer_patches import rotary_embedding_cpu
 
         rotary_embedding_cpu.register()
+    if os.environ.get(CPU_ATTENTION_ENV) == "1":
+        # Opt-in for now (stock SGLang and our launcher alike): the batched CPU attention backend.
+        from superinfer_patches import cpu_attention_backend
+
+        cpu_attention_backend.register()
     cfg = SuperInferConfig.from_env()
     if cfg is None:
         return

@@ -1,13 +1,16 @@
 """A/B benchmark harness: stock SGLang vs our server, driven by SGLang's own load generator.
 
-Modules, in the order a run uses them:
-  profiles   the named setups (smoke, cpu, gpu): model, KV budget, SLOs, workloads, rate sweep
+Modules, in the order a run uses them (docs/ab.md describes the method):
+  cli        command-line options (scripts/ab_bench.py)
+  planning   options -> a Plan: profile overrides, requests, sweep points, systems, shared flags
+  profiles   the named setups (smoke, cpu, gpu): model, KV budget, SLOs, lengths, rates
   workloads  seeded request sets (ShareGPT-like lengths, SLO classes) and arrival schedules
   traces     user trace files (Azure CSV, Mooncake/JSONL, ShareGPT JSON) -> requests + timestamps
   prompts    prompts of exact token lengths from the model's tokenizer, written as `openai` JSONL
-  servers    command lines for every system and process-group lifetime (always stopped)
-  client     runs sglang.benchmark.serving with our arrival schedule and reads its per-request output
+  servers    command lines for every system and process-group lifetimes (always stopped)
+  calibrate  speed probe -> SLOs, rates and request count scaled to the machine (cpu profile)
+  client     runs sglang.benchmark.serving with our arrival schedule, reads its per-request output
   metrics    SLO attainment, goodput, percentiles from per-request ttft/itl; Prometheus counters
-  report     JSON, markdown table, PNG plots, target checks
-  runner     the sweep: for each system, start its server, run every rate, stop it
+  runner     the sweep: start servers, (calibrate,) run every point on every system, stop, report
+  report     markdown table, PNG plots, target checks, noise band
 """

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..rotasched.slo import DEFAULT_CLASSES, Slo
+from .calibrate import CalibrationKnobs
 from .workloads import SHAREGPT_INPUT, SHAREGPT_OUTPUT, LengthDist
 
 
@@ -38,6 +39,10 @@ class Profile:
     dummy_model: str | None = None  # a config shape from DUMMY_SHAPES: random weights
     # Environment for every system alike (e.g. which CPU attention implementation serves torch_native).
     env: tuple[tuple[str, str], ...] = ()
+    # Derive SLOs, rates and request count from a speed probe of the first server (calibrate.py);
+    # the values above are then only the shape (class ratios, lengths) and a fallback.
+    calibrate: bool = False
+    knobs: CalibrationKnobs = CalibrationKnobs()
     ready_timeout_s: float = 300.0
     run_timeout_s: float = 900.0
     notes: tuple[str, ...] = field(default=())
@@ -50,10 +55,10 @@ CPU_CLASSES = json.dumps({
     "batch": {"ttft_ms": 30000, "tbt_ms": 1500},
 })
 
-# SmolLM2 on 2 CPU cores: prompts and outputs scaled down from ShareGPT so that a few requests
-# at a time fill a 2048-token KV budget and a sweep point takes about a minute.
-CPU_INPUT = LengthDist(median=160, sigma=0.6, lo=48, hi=480)
-CPU_OUTPUT = LengthDist(median=48, sigma=0.5, lo=16, hi=128)
+# SmolLM2 on 2 CPU cores: ShareGPT's long-tailed shape, scaled down (mean ~150 prompt and ~36
+# output tokens) so that about 8 requests fill a 1536-token KV budget and a point takes minutes.
+CPU_INPUT = LengthDist(median=128, sigma=0.6, lo=32, hi=384)
+CPU_OUTPUT = LengthDist(median=32, sigma=0.5, lo=12, hi=96)
 
 # The host rotary pool would default to a quarter of free RAM (GBs); a KV budget of a few thousand
 # SmolLM2 tokens (23 KB each) needs a few tens of MB.
@@ -65,12 +70,13 @@ PROFILES: dict[str, Profile] = {
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
         slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
         our_flags=CPU_OUR_FLAGS, ready_timeout_s=420.0, run_timeout_s=300.0,
+        env=(("SUPERINFER_CPU_ATTENTION", "0"),), knobs=CalibrationKnobs(min_requests=4),
     ),
     "cpu": Profile(
-        name="cpu", device="cpu", kv_tokens=2048, chunked_prefill=512, rates=(0.25, 0.5, 0.75, 1.0, 1.5),
-        num_requests=40, inputs=CPU_INPUT, outputs=CPU_OUTPUT,
+        name="cpu", device="cpu", kv_tokens=1536, chunked_prefill=512, rates=(0.5, 0.8, 1.1, 1.5),
+        num_requests=80, inputs=CPU_INPUT, outputs=CPU_OUTPUT,
         slo=Slo(6000, 400), slo_classes=CPU_CLASSES, class_mix="interactive:1,standard:1,batch:1",
-        our_flags=CPU_OUR_FLAGS, run_timeout_s=420.0,
+        our_flags=CPU_OUR_FLAGS, run_timeout_s=900.0, calibrate=True, env=(("SUPERINFER_CPU_ATTENTION", "0"),),
     ),
     "gpu": Profile(
         name="gpu", device="cuda", kv_tokens=65536, chunked_prefill=8192, rates=(4, 8, 12, 16, 20, 24),

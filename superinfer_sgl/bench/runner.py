@@ -1,7 +1,9 @@
-"""The sweep: for each system start its server, run every sweep point, stop it; then report.
+"""The sweep: start the servers, (calibrate,) run every point on every system, stop, report.
 
-A `Plan` is everything decided before any process starts (requests, schedules, command lines),
-so `--dry-run` can print and save it and tests can inspect it without a server.
+Interleaved order (default): every server stays up (an idle SGLang server with --sleep-on-idle
+uses ~1% of a core) and each rate runs on every system back to back, the order alternating from
+rate to rate (A B, B A, ...), so slow drifts in a shared machine's background load hit both
+systems alike. Sequential order: one server at a time, all its rates ("in turn").
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,42 +23,20 @@ from tqdm import tqdm
 
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
-from .profiles import Profile
+from .calibrate import derive, probe
+from .planning import Plan, SweepPoint, mean_lengths, recalibrated
 from .prompts import PromptBuilder, priority_by_ttft, write_dataset
 from .report import check_targets, markdown_table, noise_band, plot, targets_markdown
 from .servers import ServerError, SystemSpec, command, launch
-from .workloads import BenchRequest, offered_rate
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    rate: float  # x axis: the Poisson rate, or the offered rate of a replayed trace
-    arrivals: tuple[float, ...]
-    label: str
-    time_scale: float | None = None
-
-
-@dataclass
-class Plan:
-    profile: Profile
-    workload: str
-    model: str
-    tokenizer: str
-    seed: int
-    requests: list[BenchRequest]
-    points: list[SweepPoint]
-    systems: list[SystemSpec]
-    shared: list[str]
-    out_dir: Path
-    arrival_mode: str  # "poisson" or "recorded"
-    argv: list[str] = field(default_factory=list)
-    noise: bool = False
-    notes: list[str] = field(default_factory=list)
+from .workloads import offered_rate
 
 
 def prepare_files(plan: Plan, tokenizer: Any) -> dict[str, Any]:
     """Datasets (plain and with priorities), schedules and the request table, under out_dir."""
     out = plan.out_dir
+    if (out / "schedules").is_dir():  # a previous run's extra points must not be mistaken for ours
+        for old in (out / "schedules").glob("*.json"):
+            old.unlink()
     (out / "schedules").mkdir(parents=True, exist_ok=True)
     builder = PromptBuilder(tokenizer)
     lens = write_dataset(out / "dataset.jsonl", plan.requests, builder)
@@ -74,6 +54,7 @@ def dataset_for(plan: Plan, spec: SystemSpec) -> Path:
 def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
     """The reproducibility block of the JSON: what ran, how, where, when."""
     p = plan.profile
+    prio = priority_by_ttft(plan.requests)  # sent only to the sglang-priority baseline
     return {
         "profile": p.name,
         "workload": plan.workload,
@@ -97,7 +78,7 @@ def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
                                          len(plan.requests), plan.seed, Path("OUT.jsonl"), plan.tokenizer),
         "requests": [
             {"prompt_tokens": n, "output_tokens": r.output_tokens, "slo_class": r.slo_class,
-             "ttft_slo_ms": r.slo.ttft_ms, "tbt_slo_ms": r.slo.tbt_ms}
+             "ttft_slo_ms": r.slo.ttft_ms, "tbt_slo_ms": r.slo.tbt_ms, "priority": prio(r)}
             for r, n in zip(plan.requests, prompt_info["prompt_tokens"])
         ],
         "points": [{"label": pt.label, "rate": pt.rate, "offered_rate": offered_rate(pt.arrivals),
@@ -182,42 +163,113 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     }
 
 
-def execute(plan: Plan, config: dict[str, Any]) -> dict[str, Any]:
-    """Run the sweep; results are saved after every point (a Ctrl-C keeps what finished)."""
-    results: dict[str, list[dict[str, Any]]] = {s.name: [] for s in plan.systems}
-    doc: dict[str, Any] = {"config": config, "results": results, "errors": {}, "processes_left": {}}
-    (plan.out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    total = len(plan.systems) * len(plan.points)
-    sweep = tqdm(total=total, desc="A/B sweep", unit="run", position=0)
-    inner = tqdm(total=len(plan.requests), unit="req", position=1, leave=False)
-    try:
-        for spec in plan.systems:
-            sweep.set_postfix_str(f"starting {spec.name}")
-            t0 = time.monotonic()
+class Sweep:
+    """Server lifetimes and progress bars of one run; every server is stopped in `close`."""
+
+    def __init__(self, plan: Plan, doc: dict[str, Any]) -> None:
+        self.plan, self.doc = plan, doc
+        self.servers: dict[str, Any] = {}
+        self.failed: set[str] = set()
+        self.bar = tqdm(total=len(plan.systems) * len(plan.points), desc="A/B sweep", unit="run", position=0)
+        self.inner = tqdm(total=len(plan.requests), unit="req", position=1, leave=False)
+
+    def start(self, spec: SystemSpec) -> Any:
+        self.bar.set_postfix_str(f"starting {spec.name}")
+        log = self.plan.out_dir / "logs" / f"{spec.name.replace('#', '_')}.server.log"
+        t0 = time.monotonic()
+        try:
+            server = launch(spec, self.plan.shared, log, self.plan.profile.ready_timeout_s, dict(self.plan.profile.env))
+        except ServerError as exc:
+            self.fail(spec, exc)
+            return None
+        self.doc.setdefault("startup_s", {})[spec.name] = round(time.monotonic() - t0, 1)
+        self.servers[spec.name] = server
+        return server
+
+    def run(self, spec: SystemSpec, i: int, pt: SweepPoint) -> None:
+        server = self.servers.get(spec.name)
+        if server is not None and spec.name not in self.failed:
+            self.bar.set_postfix_str(f"{spec.name} @ {pt.label}")
             try:
-                log = plan.out_dir / "logs" / f"{spec.name.replace('#', '_')}.server.log"
-                server = launch(spec, plan.shared, log, plan.profile.ready_timeout_s, dict(plan.profile.env))
-            except ServerError as exc:
-                doc["errors"][spec.name] = str(exc)[-3000:]
-                sweep.update(len(plan.points))
-                continue
-            doc.setdefault("startup_s", {})[spec.name] = round(time.monotonic() - t0, 1)
-            try:
-                for i, pt in enumerate(plan.points):
-                    sweep.set_postfix_str(f"{spec.name} @ {pt.label}")
-                    results[spec.name].append(run_point(plan, spec, server, i, pt, inner))
-                    sweep.update()
-                    save(plan, doc)
+                self.doc["results"][spec.name].append(run_point(self.plan, spec, server, i, pt, self.inner))
             except (ClientError, ServerError) as exc:
-                doc["errors"][spec.name] = str(exc)[-3000:]
-            finally:
-                left = server.stop()
-                doc["processes_left"][spec.name] = left
-                doc.setdefault("servers", {})[spec.name] = {"port": server.port, "pids": sorted(server.pids)}
-                save(plan, doc)
+                self.fail(spec, exc)
+                self.stop(spec)
+        self.bar.update()
+        save(self.plan, self.doc)
+
+    def fail(self, spec: SystemSpec, exc: Exception) -> None:
+        self.failed.add(spec.name)
+        self.doc["errors"][spec.name] = str(exc)[-3000:]
+
+    def stop(self, spec: SystemSpec) -> None:
+        server = self.servers.pop(spec.name, None)
+        if server is None:
+            return
+        self.doc["processes_left"][spec.name] = server.stop()
+        self.doc.setdefault("servers", {})[spec.name] = {"port": server.port, "pids": sorted(server.pids)}
+        save(self.plan, self.doc)
+
+    def close(self) -> None:
+        for spec in self.plan.systems:
+            self.stop(spec)
+        self.inner.close()
+        self.bar.close()
+
+
+def calibrate(sweep: Sweep, server: Any, tokenizer: Any, t_start: float) -> Plan:
+    """Probe the first server, derive SLOs / rates / N, and return the re-built plan."""
+    plan = sweep.plan
+    sweep.bar.set_postfix_str("calibrating (speed probe)")
+    mean_in, mean_out = mean_lengths(plan.profile, plan.seed)
+    builder = PromptBuilder(tokenizer)
+    texts, n_tok = [], int(mean_in)
+    for k in range(6):
+        content, _ = builder.build(100_000 + k, n_tok)
+        texts.append(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                   add_generation_prompt=True))
+    speed = probe(server.url, texts, n_tok)
+    startup = sweep.doc.get("startup_s", {}).get(plan.systems[0].name, 120.0)
+    n_sys = len(plan.systems)
+    cal = derive(speed, plan.profile.kv_tokens, mean_in, mean_out, plan.profile.knobs, n_sys,
+                 time.monotonic() - t_start, startup, plan.profile.num_requests)
+    sweep.doc["calibration"] = {**asdict(cal), "mean_prompt_tokens": mean_in, "mean_output_tokens": mean_out,
+                                "knobs": asdict(plan.profile.knobs), "probe_server": plan.systems[0].name}
+    new = recalibrated(plan, cal, tokenizer)
+    sweep.plan = new
+    sweep.bar.reset(total=len(new.systems) * len(new.points))
+    return new
+
+
+def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
+    """Run the sweep; results are saved after every point (a Ctrl-C keeps what finished)."""
+    t_start = time.monotonic()
+    (plan.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict[str, Any]]] = {s.name: [] for s in plan.systems}
+    doc: dict[str, Any] = {"config": {}, "results": results, "errors": {}, "processes_left": {}}
+    sweep = Sweep(plan, doc)
+    try:
+        first = sweep.start(plan.systems[0])
+        if first is not None and plan.calibrate:
+            plan = calibrate(sweep, first, tokenizer, t_start)
+        doc["config"] = describe(plan, prepare_files(plan, tokenizer))
+        doc["config"]["order"] = plan.options.order
+        if plan.interleaved:
+            for spec in plan.systems[1:]:
+                sweep.start(spec)
+            for i, pt in enumerate(plan.points):
+                for spec in (plan.systems if i % 2 == 0 else plan.systems[::-1]):
+                    sweep.run(spec, i, pt)
+        else:
+            for k, spec in enumerate(plan.systems):
+                if k > 0:
+                    sweep.start(spec)
+                for i, pt in enumerate(plan.points):
+                    sweep.run(spec, i, pt)
+                sweep.stop(spec)
     finally:
-        inner.close()
         sweep.close()
+    doc["wall_s"] = round(time.monotonic() - t_start, 1)
     finish(plan, doc)
     return doc
 
@@ -242,7 +294,17 @@ def render_markdown(plan: Plan, doc: dict[str, Any]) -> str:
     lines = [f"# A/B: {cfg['profile']} profile, {cfg['workload']} workload ({cfg['date_utc']})", "",
              f"command: `{' '.join(cfg['argv'])}`", "",
              f"SLO default TTFT {cfg['slo_default']['ttft_ms']:g} ms / TBT {cfg['slo_default']['tbt_ms']:g} ms; "
-             f"KV budget {cfg['kv_tokens']} tokens; chunked prefill {cfg['chunked_prefill']}", ""]
+             f"KV budget {cfg['kv_tokens']} tokens; chunked prefill {cfg['chunked_prefill']}; "
+             f"{cfg['num_requests']} requests per point; order {cfg.get('order')}; wall {doc.get('wall_s', 0):.0f} s", ""]
+    cal = doc.get("calibration")
+    if cal:
+        steps = ", ".join(f"batch {b}: {ms:.0f} ms" for b, ms in cal["speed"]["steps_ms"])
+        lines += [f"Calibrated on {cal['probe_server']}: decode step {steps}; prefill "
+                  f"{cal['speed']['prefill_ms_per_token']:.1f} ms/prompt token; memory-bound batch {cal['batch']:.1f} "
+                  f"-> step {cal['step_ms']:.0f} ms; capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
+    loads = [l for pts in results.values() for p in pts for l in p.get("loadavg_1m", [])]
+    if loads:
+        lines += [f"1-minute load average during the runs (2 cores): {min(loads):.1f} .. {max(loads):.1f}", ""]
     if results:
         lines += [markdown_table(results)]
     if "targets" in doc:

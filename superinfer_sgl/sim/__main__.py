@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     paper.add_argument("--jobs", type=int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
     paper.add_argument("--out", type=Path, default=RESULTS)
+    paper.add_argument("--replot", action="store_true", help="redo plots/tables from sim_paper.json")
     whatif = sub.add_parser("whatif", help="LVF knobs at one contended point (GH200, 15 req/s)")
     whatif.add_argument("--jobs", type=int, default=1)
     whatif.add_argument("--out", type=Path, default=RESULTS)
@@ -97,10 +98,11 @@ def _speed(a: argparse.Namespace) -> None:
     rows = []
     for job in jobs:
         r = run_jobs([job], 1, progress=False)[0]
-        rows.append({"policy": job.policy, "wall_s": round(r["wall_s"], 2), "iterations": r["iterations"],
+        rows.append({"policy": job.policy, "wall_s": round(r["wall_s"], 2), "cpu_s": round(r["cpu_s"], 2),
+                     "iterations": r["iterations"],
                      "requests": r["requests"], "rotations_out": r["rotations_out"],
                      "loadavg": [round(x, 2) for x in os.getloadavg()]})
-        print(f"{job.policy:26s} {r['wall_s']:6.2f} s  {r['iterations']:6d} iterations  "
+        print(f"{job.policy:26s} {r['wall_s']:6.2f} s wall {r['cpu_s']:6.2f} s CPU  {r['iterations']:6d} iterations  "
               f"{r['rotations_out']:7d} rotations", flush=True)
     doc = {"profile": a.profile, "workload": "sharegpt-like, Poisson 20 req/s, 120 s, seed 0",
            "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "paper":
         from superinfer_sgl.sim import paper
 
-        doc = paper.run(a.out, a.jobs, a.quick)
+        doc = paper.replot(a.out) if a.replot else paper.run(a.out, a.jobs, a.quick)
         print(json.dumps(doc["claims"], indent=1))
     elif a.cmd == "whatif":
         from superinfer_sgl.sim import paper

@@ -34,6 +34,7 @@ class SimConfig:
     drain_s: float = 1800.0  # simulated time allowed after the last arrival
     lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
     mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
+    min_stint_s: float = 0.0  # what-if for the runtime: running requests younger than this are not rotatable
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self

@@ -42,6 +42,15 @@ def run(out_dir: Path, processes: int = 1, quick: bool = False) -> dict:
     return doc
 
 
+def replot(out_dir: Path) -> dict:
+    """Redo claims, plots and tables from a saved sim_paper.json (no simulation)."""
+    doc = json.loads((out_dir / "sim_paper.json").read_text())
+    doc["claims"] = claims(doc["results"])
+    (out_dir / "sim_paper.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    report(doc, out_dir)
+    return doc
+
+
 def report(doc: dict, out_dir: Path) -> None:
     from superinfer_sgl.sim.plots import plot_attainment, plot_budget
 
@@ -85,6 +94,8 @@ def claims(results: list[dict]) -> dict[str, dict]:
                     "ttft_gain_relative_pct": (100 * gain / vllm["ttft_attainment"]
                                                if vllm["ttft_attainment"] else None),
                     "tbt_delta_points": 100 * (r["tbt_attainment"] - vllm["tbt_attainment"]),
+                    "tpot_delta_points": (100 * (r["tpot_attainment"] - vllm["tpot_attainment"])
+                                          if r.get("tpot_attainment") is not None else None),
                     "throughput_ratio": r["throughput_tok_s"] / vllm["throughput_tok_s"],
                 }
         top = max(lvf) if lvf else None
@@ -121,7 +132,7 @@ def tables_markdown(doc: dict) -> str:
         if not rows:
             continue
         rates = sorted({rate for r in rows.values() for rate in r})
-        lines += [f"### {label}: attainment by rate (TTFT / TBT / both, P99 TTFT s)", "",
+        lines += [f"### {label}: attainment by rate (TTFT / TBT / TPOT / both, P99 TTFT s)", "",
                   "| policy | " + " | ".join(f"{r:g} req/s" for r in rates) + " |",
                   "|---|" + "---|" * len(rates)]
         for pol, by_rate in rows.items():
@@ -130,7 +141,8 @@ def tables_markdown(doc: dict) -> str:
                 r = by_rate.get(rate)
                 cells.append("-" if r is None else
                              f"{_pct(r['ttft_attainment'])} / {_pct(r['tbt_attainment'])} / "
-                             f"{_pct(r['both_attainment'])}, {_s(r['ttft_p99_s'])}")
+                             f"{_pct(r.get('tpot_attainment'))} / {_pct(r['both_attainment'])}, "
+                             f"{_s(r['ttft_p99_s'])}")
             lines.append(f"| {pol} | " + " | ".join(cells) + " |")
         lines.append("")
         budget = _budget_rows(results, prof)
@@ -159,6 +171,13 @@ WHATIFS: dict[str, dict] = {
     "direct resume (lvf-duplex-direct)": {"policy": "lvf-duplex-direct"},
     "direct resume + mixed chunk + beta_tbt 1.0": {"policy": "lvf-duplex-direct", "mixed_chunk": True,
                                                    "vlt": (3.0, 0.5, 1.0)},
+    "no ignore_eos (reserve x SGLang new-token ratio)": {"ignore_eos": False},
+    "min stint 2 s (younger running requests not rotatable)": {"min_stint_s": 2.0},
+    "min stint 5 s": {"min_stint_s": 5.0},
+    "min stint 2 s + direct resume + mixed chunk": {"policy": "lvf-duplex-direct", "min_stint_s": 2.0,
+                                                    "mixed_chunk": True},
+    "min stint 5 s + direct resume + mixed chunk": {"policy": "lvf-duplex-direct", "min_stint_s": 5.0,
+                                                    "mixed_chunk": True},
 }
 
 
@@ -170,6 +189,11 @@ def whatif_jobs(profile: str = "gh200-qwen2.5-32b", rate: float = WHATIF_RATE) -
         out.append(Job(profile, policy, rate=rate, tags={"sweep": "whatif", "label": label}, **kw))
     for base in ("sglang", "vllm-swap-waiting-first"):
         out.append(Job(profile, base, rate=rate, tags={"sweep": "whatif", "label": base}))
+    out.append(Job(profile, "sglang", rate=rate, ignore_eos=False,
+                   tags={"sweep": "whatif", "label": "sglang, no ignore_eos"}))
+    out.append(Job(profile, "sglang", rate=rate, mixed_chunk=True,
+                   tags={"sweep": "whatif", "label": "sglang, mixed chunk"}))
+    out.append(Job(profile, "oracle", rate=rate, tags={"sweep": "whatif", "label": "oracle"}))
     return out
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from superinfer_sgl.bench import cli
+from superinfer_sgl.bench.cli import parser
+from superinfer_sgl.bench.planning import build_plan
 from superinfer_sgl.bench.servers import (
     OUR_MODULE,
     STOCK_MODULE,
@@ -36,6 +37,10 @@ def _model(tmp_path: Path) -> str:
 
 def _contains(seq: list[str], sub: list[str]) -> bool:
     return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _plan(argv: list[str]):  # type: ignore[no-untyped-def]
+    return build_plan(parser().parse_args(argv), argv)
 
 
 def test_every_system_gets_the_same_shared_flags(tmp_path: Path) -> None:
@@ -85,7 +90,7 @@ def test_noise_twin_is_identical() -> None:
 
 
 def test_gpu_profile_dry_plan(tmp_path: Path, model_dir: Path) -> None:
-    plan, _ = cli.build_plan(["--profile", "gpu", "--out", str(tmp_path / "g"), "--num-requests", "20"])
+    plan, _ = _plan(["--profile", "gpu", "--out", str(tmp_path / "g"), "--num-requests", "20"])
     shared = plan.shared
     assert _contains(shared, ["--load-format", "dummy"]) and _contains(shared, ["--device", "cuda"])
     assert "torch_native" not in shared
@@ -95,16 +100,16 @@ def test_gpu_profile_dry_plan(tmp_path: Path, model_dir: Path) -> None:
     assert (plan.profile.slo.ttft_ms, plan.profile.slo.tbt_ms) == (5000, 100)
     ours = command(plan.systems[-1], shared, 1)
     assert _contains(ours, ["--ttft-slo-ms", "5000", "--tbt-slo-ms", "100"])
-    plan, _ = cli.build_plan(["--profile", "gpu", "--dummy-shape", "qwen2.5-32b", "--out", str(tmp_path / "q"),
+    plan, _ = _plan(["--profile", "gpu", "--dummy-shape", "qwen2.5-32b", "--out", str(tmp_path / "q"),
                               "--num-requests", "5"])
     assert json.loads((Path(plan.model) / "config.json").read_text())["num_hidden_layers"] == 64
 
 
 def test_mixed_workload_adds_the_priority_baseline(tmp_path: Path, model_dir: Path) -> None:
-    plan, _ = cli.build_plan(["--profile", "smoke", "--workload", "mixed", "--out", str(tmp_path / "m")])
+    plan, _ = _plan(["--profile", "smoke", "--workload", "mixed", "--out", str(tmp_path / "m")])
     assert [s.name for s in plan.systems] == ["sglang", "sglang-priority", "superinfer"]
     assert {r.slo_class for r in plan.requests} <= {"interactive", "batch"}
-    plan, _ = cli.build_plan(["--profile", "smoke", "--noise", "--out", str(tmp_path / "n")])
+    plan, _ = _plan(["--profile", "smoke", "--noise", "--out", str(tmp_path / "n")])
     assert [s.name for s in plan.systems] == ["sglang", "sglang#2"]
 
 
@@ -123,12 +128,13 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     spec = SystemSpec("fake", "fake")
     server = ServerProcess(spec, [sys.executable, str(script)], {}, tmp_path / "log.txt", 0)
     server.start()
-    deadline = time.time() + 30
+    deadline = time.time() + 120
     while "ready" not in server.log_tail() and time.time() < deadline:
         time.sleep(0.1)
+    assert "ready" in server.log_tail()
     server._track()
     tree = set(server.pids)
-    assert len(tree) == 3
+    assert len(tree) == 3, tree
     left = server.stop(grace_s=1.0)
     assert left == []
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from superinfer_sgl.bench import cli
+from superinfer_sgl.bench.cli import parser
+from superinfer_sgl.bench.planning import build_points
 from superinfer_sgl.bench.profiles import PROFILES
 from superinfer_sgl.bench.traces import LengthFit, TraceError, load_trace, parse_timestamp, to_requests
 from superinfer_sgl.bench.workloads import offered_rate, poisson_arrivals, recorded_arrivals
@@ -76,13 +77,13 @@ def _plan_args(tmp_path: Path, trace: Path, *extra: str) -> list[str]:
 
 def test_retime_to_poisson_and_replay(azure: Path, tmp_path: Path) -> None:
     p = PROFILES["smoke"]
-    a = cli.parser().parse_args(_plan_args(tmp_path, azure, "--rates", "0.5,2", "--seed", "7"))
+    a = parser().parse_args(_plan_args(tmp_path, azure, "--rates", "0.5,2", "--seed", "7"))
     reqs = to_requests(load_trace(azure), SLO)
-    pts, mode = cli.build_points(a, p, reqs)
+    pts, mode = build_points(a, p, reqs)
     assert mode == "poisson" and [pt.rate for pt in pts] == [0.5, 2.0]
     assert list(pts[1].arrivals) == poisson_arrivals(4, 2.0, 7 * 1000 + 1)  # from the seed, not the trace
-    a = cli.parser().parse_args(_plan_args(tmp_path, azure, "--trace-arrivals", "recorded", "--time-scales", "1,4"))
-    pts, mode = cli.build_points(a, p, reqs)
+    a = parser().parse_args(_plan_args(tmp_path, azure, "--trace-arrivals", "recorded", "--time-scales", "1,4"))
+    pts, mode = build_points(a, p, reqs)
     assert mode == "recorded" and [pt.time_scale for pt in pts] == [4.0, 1.0]  # sorted by offered rate
     assert list(pts[1].arrivals) == pytest.approx(recorded_arrivals(reqs))
     assert pts[0].rate == pytest.approx(offered_rate(recorded_arrivals(reqs)) / 4, rel=1e-3)

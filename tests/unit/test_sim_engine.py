@@ -136,6 +136,12 @@ def test_lvf_uses_the_production_policy_and_rotates(monkeypatch: pytest.MonkeyPa
     assert ttft(fcfs, 1) > 2.5
 
 
+def test_min_stint_what_if_protects_young_running_requests() -> None:
+    wl = workload((0.0, 10, 200), (0.05, 10, 6), ttft=0.2)
+    sim = run(wl, policy="lvf-duplex", prof=profile(kv_tokens=224), min_stint_s=100.0)
+    assert sim.reqs[0].rotations == 0 and ttft(sim, 1) > 2.5  # A is never young enough to leave
+
+
 def test_lvf_block_rounding_can_starve_a_request_that_fits_in_tokens() -> None:
     """Production edge case, reproduced: LVF counts a request's need in whole blocks rounded up
     (210 tokens -> 14 blocks) and free memory rounded down (215 tokens -> 13 blocks). With nothing

@@ -32,7 +32,6 @@ def test_scenario_runs_every_request_to_completion(gh200_high_load: dict[str, di
         if pol != "lvf-naive":
             assert s["finished"] == s["requests"] > 150, pol
         assert 0 <= s["ttft_attainment"] <= 1 and 0 <= s["tbt_attainment"] <= 1, pol
-        assert s["wall_s"] < 20, f"{pol} took {s['wall_s']:.1f} s"
 
 
 def test_scenario_directions(gh200_high_load: dict[str, dict]) -> None:

@@ -63,10 +63,11 @@ class RotaSched(Policy):
         so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked."""
         bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
         exact = ratio == 1.0 and self._short_outputs(sim)
+        young = sim.now - sim.config.min_stint_s  # what-if quantum; 0 s: the runtime's rule
         views, by_rid = [], {}
         for r in sim.running:
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
-            rotatable = r.outputs > 0 and r.prefill_iter < it - 1
+            rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
             v = r.view
             if v is None or v.rotatable is not rotatable or not exact:  # type: ignore[attr-defined]
                 held = -(-(r.ctx + _reserve(r, ratio)) // bt)

@@ -1,0 +1,212 @@
+"""Options -> a Plan: profile overrides, model, requests, sweep points, systems, shared flags.
+
+Everything decided before a server starts lives in the Plan, so `--dry-run` and the tests can
+inspect it. A calibrated run (cpu profile) rebuilds the plan once from measured speed
+(`recalibrated`), before any dataset is written or our server is launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..rotasched.slo import Slo, SloClasses
+from .calibrate import Calibration
+from .profiles import PROFILES, Profile, make_dummy_model
+from .servers import SystemSpec, noise_twin, shared_flags, systems
+from .traces import LengthFit, load_trace, to_requests
+from .workloads import (
+    BenchRequest,
+    assign_classes,
+    offered_rate,
+    parse_mix,
+    poisson_arrivals,
+    recorded_arrivals,
+    sharegpt_like,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+# superinfer_sgl.cpu_attention's switch; unset it follows SUPERINFER_CPU_COMPAT, so we always set it
+# explicitly and identically for every system.
+CPU_ATTENTION_ENV = "SUPERINFER_CPU_ATTENTION"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    rate: float  # x axis: the Poisson rate, or the offered rate of a replayed trace
+    arrivals: tuple[float, ...]
+    label: str
+    time_scale: float | None = None
+
+
+@dataclass
+class Plan:
+    profile: Profile
+    options: argparse.Namespace
+    model: str
+    tokenizer: str
+    requests: list[BenchRequest]
+    points: list[SweepPoint]
+    systems: list[SystemSpec]
+    shared: list[str]
+    out_dir: Path
+    arrival_mode: str  # "poisson" or "recorded"
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seed(self) -> int:
+        return self.options.seed
+
+    @property
+    def workload(self) -> str:
+        return self.options.workload
+
+    @property
+    def noise(self) -> bool:
+        return self.options.noise
+
+    @property
+    def calibrate(self) -> bool:
+        return self.profile.calibrate and self.options.calibrate is not False
+
+    @property
+    def interleaved(self) -> bool:
+        return self.options.order == "interleaved"
+
+
+def resolve_profile(a: argparse.Namespace) -> Profile:
+    p = PROFILES[a.profile]
+    slo = Slo(a.ttft_slo_ms or p.slo.ttft_ms, a.tbt_slo_ms or p.slo.tbt_ms)
+    classes = a.slo_classes or p.slo_classes
+    if not classes.strip().startswith("{"):
+        classes = Path(classes).read_text()
+    SloClasses.parse(classes, default=slo)  # fail early on a bad --slo-classes
+    explicit_time = any(x is not None for x in (a.rates, a.ttft_slo_ms, a.tbt_slo_ms, a.slo_classes))
+    return dataclasses.replace(
+        p, slo=slo, slo_classes=json.dumps(json.loads(classes)),
+        rates=a.rates or p.rates, num_requests=a.num_requests or p.num_requests,
+        kv_tokens=a.kv_tokens or p.kv_tokens, chunked_prefill=a.chunked_prefill or p.chunked_prefill,
+        class_mix=a.class_mix or p.class_mix, dummy_model=a.dummy_shape or p.dummy_model,
+        server_flags=p.server_flags + tuple(a.server_args.split()),
+        our_flags=p.our_flags + tuple(a.our_args.split()),
+        env=_with_env(p.env, CPU_ATTENTION_ENV, a.cpu_attention),
+        # explicit SLOs or rates switch calibration off unless --calibrate asks for it
+        calibrate=p.calibrate if a.calibrate is None and not explicit_time else bool(a.calibrate),
+        knobs=dataclasses.replace(p.knobs, budget_s=60.0 * a.budget_min) if a.budget_min else p.knobs,
+    )
+
+
+def _with_env(env: tuple[tuple[str, str], ...], key: str, value: str | None) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return env
+    return tuple((k, v) for k, v in env if k != key) + ((key, value),)
+
+
+def our_flags(p: Profile) -> tuple[str, ...]:
+    """Our server learns the same default SLO and classes the harness measures against."""
+    return ("--scheduler", "rotasched", "--ttft-slo-ms", f"{p.slo.ttft_ms:g}", "--tbt-slo-ms",
+            f"{p.slo.tbt_ms:g}", "--slo-classes", p.slo_classes, *p.our_flags)
+
+
+def resolve_model(a: argparse.Namespace, p: Profile, out: Path) -> tuple[str, str]:
+    """(model path, tokenizer path)."""
+    if a.model_path:
+        return a.model_path, a.model_path
+    from ..model_prep import prepare_default_model
+
+    smol = prepare_default_model()
+    if p.dummy_model:
+        return str(make_dummy_model(p.dummy_model, smol, out / "model")), str(smol)
+    return str(smol), str(smol)
+
+
+def build_requests(a: argparse.Namespace, p: Profile, tokenizer: object) -> tuple[list[BenchRequest], list[str]]:
+    notes: list[str] = []
+    classes = SloClasses.parse(p.slo_classes, default=p.slo)
+    if a.workload == "trace":
+        if not a.trace:
+            raise ValueError("--workload trace needs --trace FILE")
+        fit = LengthFit(a.trace_length_scale, p.inputs.hi, p.outputs.hi, min_tokens=1)
+        reqs = to_requests(load_trace(a.trace, tokenizer), p.slo, fit, a.trace_start, p.num_requests)
+        notes.append(f"trace {a.trace} records {a.trace_start}..{a.trace_start + len(reqs) - 1}, token counts x"
+                     f"{a.trace_length_scale:g} clipped to <= {p.inputs.hi} in / {p.outputs.hi} out")
+        if "azure" in Path(a.trace).name.lower():
+            notes.append("Azure LLM inference trace 2023, Azure Public Dataset, CC-BY 4.0; Patel et al., "
+                         "'Splitwise: Efficient generative LLM inference using phase splitting', ISCA 2024")
+        if a.mixed:
+            reqs = assign_classes(reqs, parse_mix(p.class_mix), classes, a.seed)
+    else:
+        reqs = sharegpt_like(p.num_requests, a.seed, p.slo, p.inputs, p.outputs)
+        if a.workload == "mixed":
+            reqs = assign_classes(reqs, parse_mix(p.class_mix), classes, a.seed)
+    return reqs, notes
+
+
+def build_points(a: argparse.Namespace, p: Profile, reqs: list[BenchRequest]) -> tuple[list[SweepPoint], str]:
+    if a.workload == "trace" and a.trace_arrivals == "recorded":
+        pts = []
+        for scale in a.time_scales:
+            arr = tuple(recorded_arrivals(reqs, scale))
+            pts.append(SweepPoint(round(offered_rate(arr), 4), arr, f"x{scale:g} time", scale))
+        return sorted(pts, key=lambda pt: pt.rate), "recorded"
+    pts = [SweepPoint(rate, tuple(poisson_arrivals(len(reqs), rate, a.seed * 1000 + k)), f"{rate:g} req/s")
+           for k, rate in enumerate(sorted(p.rates))]
+    return pts, "poisson"
+
+
+def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
+    table = systems(our_flags(p))
+    if a.noise:
+        return [table["sglang"], noise_twin(table["sglang"])]
+    names = a.systems.split(",") if a.systems else list(p.systems)
+    if not a.systems and (a.workload == "mixed" or a.mixed) and "sglang-priority" not in names:
+        names.insert(1, "sglang-priority")
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; known: {sorted(table)}")
+    return [table[n] for n in names]
+
+
+def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
+    """Raises ValueError/OSError (bad options or files) with a one-line message."""
+    p = resolve_profile(a)
+    suffix = "_noise" if a.noise else ""
+    out = (a.out or REPO / "results" / f"ab_{p.name}_{a.workload}{suffix}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok_path = resolve_model(a, p, out)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    reqs, notes = build_requests(a, p, tokenizer)
+    points, mode = build_points(a, p, reqs)
+    shared = shared_flags(model, p.kv_tokens, p.chunked_prefill, p.device, p.server_flags)
+    plan = Plan(p, a, model, tok_path, reqs, points, pick_systems(a, p), shared, out, mode,
+                argv=["python", "scripts/ab_bench.py", *argv], notes=notes)
+    return plan, tokenizer
+
+
+def mean_lengths(p: Profile, seed: int) -> tuple[float, float]:
+    """Mean prompt / output tokens of the profile's distributions (a large seeded sample)."""
+    rng = np.random.default_rng(seed)
+    return float(p.inputs.sample(rng, 20_000).mean()), float(p.outputs.sample(rng, 20_000).mean())
+
+
+def recalibrated(plan: Plan, cal: Calibration, tokenizer: object) -> Plan:
+    """The same plan with SLOs (classes scaled alike), rates and request count from `cal`."""
+    p = plan.profile
+    f_ttft, f_tbt = cal.ttft_slo_ms / p.slo.ttft_ms, cal.tbt_slo_ms / p.slo.tbt_ms
+    classes = {name: {"ttft_ms": round(s.ttft_ms * f_ttft, 1), "tbt_ms": round(s.tbt_ms * f_tbt, 1)}
+               for name, s in SloClasses.parse(p.slo_classes, default=p.slo).items()}
+    keep_rates = plan.arrival_mode == "recorded"
+    p = dataclasses.replace(p, slo=Slo(cal.ttft_slo_ms, cal.tbt_slo_ms), slo_classes=json.dumps(classes),
+                            rates=p.rates if keep_rates else cal.rates, num_requests=cal.num_requests)
+    reqs, notes = build_requests(plan.options, p, tokenizer)
+    points, mode = build_points(plan.options, p, reqs)
+    return dataclasses.replace(plan, profile=p, requests=reqs, points=points, arrival_mode=mode,
+                               systems=pick_systems(plan.options, p), notes=notes)
