@@ -84,6 +84,11 @@ def stream(base: str, prompt_len: int, new_tokens: int, seed: int) -> list[float
     return times
 
 
+def low(xs: list[float]) -> float:
+    """10th percentile: the least-contended samples on a shared machine."""
+    return sorted(xs)[len(xs) // 10]
+
+
 def measure_prefill(base: str, lengths: list[int], reps: int) -> list[dict]:
     rows = []
     for n in lengths:
@@ -91,8 +96,10 @@ def measure_prefill(base: str, lengths: list[int], reps: int) -> list[dict]:
         for k in range(reps):
             t = stream(base, n, 1, seed=hash((n, k)) & 0xFFFF)
             ttfts.append(t[1] - t[0])
-        rows.append({"prompt_tokens": n, "ttft_s": statistics.median(ttfts), "samples": ttfts})
-        print(f"prefill {n:5d} tokens: {statistics.median(ttfts) * 1000:7.1f} ms", flush=True)
+        rows.append({"prompt_tokens": n, "ttft_s": statistics.median(ttfts), "ttft_low_s": min(ttfts),
+                     "samples": ttfts})
+        print(f"prefill {n:5d} tokens: {statistics.median(ttfts) * 1000:7.1f} ms (min {min(ttfts) * 1000:.1f})",
+              flush=True)
     return rows
 
 
@@ -104,17 +111,21 @@ def measure_decode(base: str, batch: int, ctx: int, new_tokens: int, skip: int =
     gap = statistics.median(gaps)
     # Context of the batch at mid-run: every request holds its prompt plus about half its outputs.
     context = batch * (ctx + (skip + new_tokens) // 2)
-    print(f"decode batch {batch:3d} ctx {ctx:5d}: {gap * 1000:7.1f} ms/step", flush=True)
-    return {"batch": batch, "prompt_tokens": ctx, "context_tokens": context, "step_s": gap}
+    print(f"decode batch {batch:3d} ctx {ctx:5d}: {gap * 1000:7.1f} ms/step (p10 {low(gaps) * 1000:.1f})",
+          flush=True)
+    return {"batch": batch, "prompt_tokens": ctx, "context_tokens": context, "step_s": gap,
+            "step_low_s": low(gaps)}
 
 
-def fit_step(prefill: list[dict], decode: list[dict]) -> dict:
-    """Least squares: decode t = base + e*B + f*C; prefill t = a + b*L + c*L^2 (a >= base)."""
+def fit_step(prefill: list[dict], decode: list[dict], stat: str = "median") -> dict:
+    """Least squares: decode t = base + e*B + f*C; prefill t = a + b*L + c*L^2 (a >= base).
+    stat "median" fits typical times; "low" the least-contended ones (min / 10th percentile)."""
+    dkey, pkey = ("step_s", "ttft_s") if stat == "median" else ("step_low_s", "ttft_low_s")
     A = np.array([[1.0, d["batch"], d["context_tokens"]] for d in decode])
-    y = np.array([d["step_s"] for d in decode])
+    y = np.array([d[dkey] for d in decode])
     (base, per_req, per_ctx), *_ = np.linalg.lstsq(A, y, rcond=None)
     P = np.array([[1.0, p["prompt_tokens"], p["prompt_tokens"] ** 2] for p in prefill])
-    z = np.array([p["ttft_s"] for p in prefill])
+    z = np.array([p[pkey] for p in prefill])
     (a, b, c), *_ = np.linalg.lstsq(P, z, rcond=None)
     clamp = lambda v: float(max(v, 0.0))  # noqa: E731 - a negative slope is measurement noise
     return {
@@ -215,6 +226,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0, help="0: pick a free one")
     ap.add_argument("--max-total-tokens", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
+    ap.add_argument("--stat", choices=("median", "low"), default="median",
+                    help="fit typical (median) or least-contended (min / p10) times")
     args = ap.parse_args()
     port = args.port or free_port()
     base = f"http://127.0.0.1:{port}"
@@ -245,7 +258,9 @@ def main() -> None:
     shape = model_shape()
     raw["link"] = measure_link(shape, [64, 512, 2048])
     raw["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    profile = build_profile(shape, fit_step(raw["prefill"], raw["decode"]), raw["link"], raw,
+    raw["fit_stat"] = args.stat
+    raw["fit_low"] = fit_step(raw["prefill"], raw["decode"], "low")
+    profile = build_profile(shape, fit_step(raw["prefill"], raw["decode"], args.stat), raw["link"], raw,
                             args.max_total_tokens)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(profile, indent=1) + "\n")

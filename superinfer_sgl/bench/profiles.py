@@ -69,7 +69,7 @@ PROFILES: dict[str, Profile] = {
         name="smoke", device="cpu", kv_tokens=1024, chunked_prefill=256, rates=(0.5, 2.0), num_requests=6,
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
         slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
-        our_flags=CPU_OUR_FLAGS, ready_timeout_s=420.0, run_timeout_s=300.0,
+        our_flags=CPU_OUR_FLAGS, ready_timeout_s=600.0, run_timeout_s=600.0,
         env=(("SUPERINFER_CPU_ATTENTION", "0"),), knobs=CalibrationKnobs(min_requests=4),
     ),
     "cpu": Profile(

@@ -76,7 +76,7 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
         super().__init__(model_runner)
         if self.use_sliding_window_kv_pool:
             raise UnsupportedAttentionError("sliding-window KV pools are not supported")
-        self.kernel = _resolve_kernel(kernel_choice())
+        self.kernel = _resolve_kernel(kernel_choice(), getattr(self.token_to_kv_pool, "dtype", None))
         self._checked_layers: set[int] = set()
         self._step: DecodeStep | ExtendStep | None = None
         self._step_batch: ForwardBatch | None = None
@@ -174,13 +174,20 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
             self._checked_layers.add(layer.layer_id)
 
 
-def _resolve_kernel(choice: str) -> str:
+def _resolve_kernel(choice: str, kv_dtype: torch.dtype | None) -> str:
+    """'native' (the C kernel) or 'torch' for decode; the C kernel needs float32/bfloat16 KV."""
     if choice == "torch":
         return "torch"
-    if native.load() is not None:
+    why = None
+    if kv_dtype not in native.SUPPORTED_DTYPES:
+        why = f"KV cache dtype {kv_dtype} (the C kernel reads float32/bfloat16)"
+    elif native.load() is None:
+        why = "the C kernel could not be built"
+    if why is None:
         return "native"
     if choice == "native":
-        raise RuntimeError("SUPERINFER_CPU_ATTENTION_KERNEL=native but the C kernel could not be built")
+        raise RuntimeError(f"SUPERINFER_CPU_ATTENTION_KERNEL=native but {why}")
+    logger.warning("superinfer cpu attention: torch decode path: %s", why)
     return "torch"
 
 

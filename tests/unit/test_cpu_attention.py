@@ -249,3 +249,12 @@ def test_patch_target_exists_and_factory_imports_lazily() -> None:
     # The REPLACE only reaches the registry because the factory imports the class at call time.
     assert "import TorchNativeAttnBackend" in inspect.getsource(factory)
     assert issubclass(cpu_backend.SuperInferCpuAttnBackend, torch_native_backend.TorchNativeAttnBackend)
+
+
+def test_kernel_choice_falls_back_for_other_kv_dtypes() -> None:
+    assert cpu_backend._resolve_kernel("torch", torch.bfloat16) == "torch"
+    assert cpu_backend._resolve_kernel("auto", torch.float8_e4m3fn) == "torch"
+    with pytest.raises(RuntimeError, match="KV cache dtype"):
+        cpu_backend._resolve_kernel("native", torch.float8_e4m3fn)
+    if native.load() is not None:
+        assert cpu_backend._resolve_kernel("auto", torch.bfloat16) == "native"
