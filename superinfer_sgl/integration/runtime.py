@@ -199,7 +199,10 @@ class RotaSchedRuntime:
         rank = {rid: i for i, rid in enumerate(order)}
         queue = [r for r in self.sched.waiting_queue if r.rid in rank]
         queue.sort(key=lambda r: rank[r.rid])
-        return queue
+        # Then everyone else in arrival order: LVF counts in whole blocks (need rounded up, free
+        # rounded down), so a request that fits in tokens could otherwise never be offered. The
+        # PrefillAdder only admits them into memory that is really free, which needs no VLT.
+        return queue + [r for r in self.sched.waiting_queue if r.rid not in rank]
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
         budget = self.budget  # eager copies share the outbound budget
