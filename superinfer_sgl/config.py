@@ -37,6 +37,7 @@ class SuperInferConfig:
     rotary_pool_gb: float | None = None
     kv_transfer: str = "auto"
     eager_sync: bool = True
+    prefetch: bool = True
     mixed_resume: bool = True
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
@@ -107,6 +108,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eager-sync", action=argparse.BooleanOptionalAction, default=d.eager_sync,
                    help="copy filled KV blocks of running requests to host in the background, so "
                         "rotating a request out moves only its unsynced tail")
+    g.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=d.prefetch,
+                   help="start copying back, one iteration early, the rotary request LVF ranks next "
+                        "into device memory no one else needs this iteration (one request at a time)")
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
                         "one-token extend rides along with the decode batch instead of stalling it")

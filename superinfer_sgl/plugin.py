@@ -3,12 +3,15 @@
 Installed in a venv, this module is loaded by stock `python -m sglang.launch_server` as well, so it
 must stay inert there: it installs our hooks only when our launcher put SUPERINFER_SGL_CONFIG into
 the environment. The CPU-compatibility patch has its own switch (SUPERINFER_CPU_COMPAT=1) so that
-stock SGLang can serve on a CPU as the A/B baseline with nothing else changed.
+stock SGLang can serve on a CPU as the A/B baseline with nothing else changed; it also switches on
+our batched CPU attention (superinfer_sgl.cpu_attention) unless SUPERINFER_CPU_ATTENTION=0.
 """
 
 from __future__ import annotations
 
 import os
+
+from .cpu_attention import cpu_attention_enabled
 
 CPU_COMPAT_ENV = "SUPERINFER_CPU_COMPAT"
 CPU_ATTENTION_ENV = "SUPERINFER_CPU_ATTENTION"
@@ -25,8 +28,10 @@ def load() -> None:
         from superinfer_patches import rotary_embedding_cpu
 
         rotary_embedding_cpu.register()
-    if os.environ.get(CPU_ATTENTION_ENV) == "1":
-        # Opt-in for now (stock SGLang and our launcher alike): the batched CPU attention backend.
+    if cpu_attention_enabled():
+        # On wherever the CPU-compatibility switch is (our launcher on CPU, or stock SGLang with
+        # SUPERINFER_CPU_COMPAT=1, so an A/B compares scheduling at equal attention speed);
+        # SUPERINFER_CPU_ATTENTION=0 keeps SGLang's own torch_native attention.
         from superinfer_patches import cpu_attention_backend
 
         cpu_attention_backend.register()

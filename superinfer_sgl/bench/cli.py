@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer (default: profile's; "
                                      "mixed adds sglang-priority)")
-    p.add_argument("--noise", action="store_true", help="stock vs stock (two identical sglang runs): the noise")
+    p.add_argument("--noise", action="store_true", help="also run a second, identical stock server (sglang#2) in the same sweep: the noise band")
     p.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: all servers up (idle ones sleep), each rate run on every system in "
                         "alternating order; sequential: one server at a time, all its rates")

@@ -161,23 +161,25 @@ def build_points(a: argparse.Namespace, p: Profile, reqs: list[BenchRequest]) ->
 
 
 def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
+    """The chosen systems; --noise adds a second stock instance ("sglang#2") to the same sweep, so the
+    noise band comes from the same calibration, rates and machine state as the A/B itself."""
     table = systems(our_flags(p))
-    if a.noise:
-        return [table["sglang"], noise_twin(table["sglang"])]
     names = a.systems.split(",") if a.systems else list(p.systems)
     if not a.systems and (a.workload == "mixed" or a.mixed) and "sglang-priority" not in names:
         names.insert(1, "sglang-priority")
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {sorted(table)}")
-    return [table[n] for n in names]
+    chosen = [table[n] for n in names]
+    if a.noise:
+        chosen.append(noise_twin(table["sglang"]))
+    return chosen
 
 
 def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
     """Raises ValueError/OSError (bad options or files) with a one-line message."""
     p = resolve_profile(a)
-    suffix = "_noise" if a.noise else ""
-    out = (a.out or REPO / "results" / f"ab_{p.name}_{a.workload}{suffix}").resolve()
+    out = (a.out or REPO / "results" / f"ab_{p.name}_{a.workload}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     model, tok_path = resolve_model(a, p, out)
     from transformers import AutoTokenizer

@@ -70,13 +70,13 @@ PROFILES: dict[str, Profile] = {
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
         slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
         our_flags=CPU_OUR_FLAGS, ready_timeout_s=600.0, run_timeout_s=600.0,
-        env=(("SUPERINFER_CPU_ATTENTION", "0"),), knobs=CalibrationKnobs(min_requests=4),
+        env=(("SUPERINFER_CPU_ATTENTION", "1"),), knobs=CalibrationKnobs(min_requests=4),
     ),
     "cpu": Profile(
         name="cpu", device="cpu", kv_tokens=1536, chunked_prefill=512, rates=(0.5, 0.8, 1.1, 1.5),
         num_requests=80, inputs=CPU_INPUT, outputs=CPU_OUTPUT,
         slo=Slo(6000, 400), slo_classes=CPU_CLASSES, class_mix="interactive:1,standard:1,batch:1",
-        our_flags=CPU_OUR_FLAGS, run_timeout_s=900.0, calibrate=True, env=(("SUPERINFER_CPU_ATTENTION", "0"),),
+        our_flags=CPU_OUR_FLAGS, run_timeout_s=900.0, calibrate=True, env=(("SUPERINFER_CPU_ATTENTION", "1"),),
     ),
     "gpu": Profile(
         name="gpu", device="cuda", kv_tokens=65536, chunked_prefill=8192, rates=(4, 8, 12, 16, 20, 24),

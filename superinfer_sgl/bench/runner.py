@@ -27,7 +27,7 @@ from .calibrate import derive, probe
 from .planning import Plan, SweepPoint, mean_lengths, recalibrated
 from .prompts import PromptBuilder, priority_by_ttft, write_dataset
 from .report import check_targets, markdown_table, noise_band, plot, targets_markdown
-from .servers import ServerError, SystemSpec, command, launch
+from .servers import ServerError, SystemSpec, command, launch, noise_twin_name
 from .workloads import offered_rate
 
 
@@ -277,9 +277,10 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
 def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
     names = list(results)
-    if plan.noise and len(names) >= 2:
-        doc["noise_band"] = noise_band(results, names[0], names[1])
-    elif "sglang" in results and "superinfer" in results:
+    twin = noise_twin_name("sglang")
+    if plan.noise and "sglang" in results and twin in results:
+        doc["noise_band"] = noise_band(results, "sglang", twin)
+    if "sglang" in results and "superinfer" in results:
         doc["targets"] = check_targets(results, "sglang", "superinfer")
     save(plan, doc)
     if results:

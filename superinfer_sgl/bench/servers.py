@@ -59,9 +59,13 @@ def systems(our_flags: tuple[str, ...]) -> dict[str, SystemSpec]:
     }
 
 
+def noise_twin_name(name: str) -> str:
+    return name + "#2"
+
+
 def noise_twin(spec: SystemSpec) -> SystemSpec:
     """A second, identical instance of a system (stock vs stock shows the run-to-run noise)."""
-    return SystemSpec(spec.name + "#2", spec.module, spec.flags, spec.uses_priority)
+    return SystemSpec(noise_twin_name(spec.name), spec.module, spec.flags, spec.uses_priority)
 
 
 def shared_flags(model: str, kv_tokens: int, chunked_prefill: int, device: str,
@@ -131,7 +135,7 @@ class ServerProcess:
             log.write("$ " + " ".join(self.cmd) + "\n")
             log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         _LIVE.add(self)
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -199,6 +203,17 @@ class ServerProcess:
 
     def __hash__(self) -> int:
         return id(self)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the launcher if the harness dies without cleaning up (e.g. SIGKILL); SGLang
+    then drains and takes its children down. Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
 
 
 def _alive(pid: int) -> bool:

@@ -31,7 +31,7 @@ from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.eager import EagerMirror
 from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
 from superinfer_sgl.duplexkv.prefetch import PrefetchTable
-from superinfer_sgl.duplexkv.streams import After, CopyEvent, CopyLane, InflightCopies, RotationHandle
+from superinfer_sgl.duplexkv.streams import After, CopyEvent, CopyLane, InflightCopies, RotationHandle, as_events
 from superinfer_sgl.duplexkv.transfer import TRANSFERS, gather_batch, make_path, pick_transfer, scatter_batches
 
 __all__ = ["TRANSFERS", "HostKV", "RotateIn", "RotateOut", "RotationEngine", "pick_transfer"]
@@ -88,8 +88,11 @@ class RotationEngine:
         self.bytes_eager_out = 0  # background eager syncs
         self.bytes_reused = 0  # bytes of rotations out served by mirror blocks instead of a copy
         self.eager_blocks_skipped = self.mirror_blocks_dropped = self.prefetch_hits = 0
+        # Prefetch accounting: bytes copied by prefetch() (also counted in bytes_in, once), bytes of
+        # rotations in served by a prefetch without a second copy, prefetches dropped unused.
+        self.bytes_prefetched = self.bytes_prefetch_hits = self.prefetches_cancelled = 0
 
-    # ---- synchronous convenience API (what the scheduler integration calls)
+    # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:
         """Copy the KV of `slots` (all layers, K and V) into newly allocated host blocks and wait.
         Raises HostPoolFull, with nothing allocated, when the host pool lacks blocks even after
@@ -111,7 +114,7 @@ class RotationEngine:
         """Drop the caller's reference on `host_kv`; unconsumed prefetches of it or of any HostKV
         sharing its blocks (a prefix of it) are cancelled."""
         self._reap()
-        self._prefetched.drop_overlapping(host_kv)
+        self.prefetches_cancelled += self._prefetched.drop_overlapping(host_kv)
         self.host_pool.allocator.decref(host_kv.block_ids)
 
     # ---- full duplex and prefetch
@@ -120,10 +123,17 @@ class RotationEngine:
         out: Iterable[RotateOut | tuple] = (),
         inn: Iterable[RotateIn | tuple] = (),
         after: After = None,
+        in_after: After = None,
+        in_after_out: bool = False,
     ) -> RotationHandle:
         """Start one iteration's copies: every `out` device -> host on the out lane (one launch) and
         every `inn` host -> device on the in lane, concurrently. All or nothing: HostPoolFull or a bad
-        argument leaves everything as it was. The saved HostKVs are in handle.saved, in order."""
+        argument leaves everything as it was. The saved HostKVs are in handle.saved, in order.
+
+        in_after: more events the in copies wait for, besides `after` (e.g. a forward still writing
+        slots that were just handed to a resume). in_after_out: order the in copies after this call's
+        out copies; required when an incoming slot may be one an outgoing copy still reads (the caller
+        freed the out slots before allocating the in slots). On a CPU both are no-ops (out runs first)."""
         self._reap()
         outs = [self._check_out(RotateOut(*o)) for o in out]
         ins = [self._check_in(RotateIn(*i)) for i in inn]
@@ -134,7 +144,8 @@ class RotationEngine:
         self.host_pool.allocator.incref(out_held + in_held)
         try:
             out_event = self._launch_out(plans, after) if plans else None
-            in_event = self._launch_in(copies, after) if copies else None
+            in_also = [*as_events(in_after), *([out_event] if in_after_out and out_event else [])]
+            in_event = self._launch_in(copies, after, in_also) if copies else None
         except BaseException:
             self._out.synchronize()
             self._in.synchronize()
@@ -149,9 +160,12 @@ class RotationEngine:
         self._reap()
         return RotationHandle(saved, tuple(events))
 
-    def prefetch(self, host_kv: HostKV, slots: torch.Tensor, after: After = None) -> RotationHandle:
+    def prefetch(
+        self, host_kv: HostKV, slots: torch.Tensor, after: After = None, in_after: After = None
+    ) -> RotationHandle:
         """Start copying `host_kv` into `slots` now; a later load()/rotate() of the same HostKV into the
-        same slots (same tensor memory on CUDA, same values on a CPU) waits on this copy instead."""
+        same slots (same tensor memory on CUDA, same values on a CPU) waits on this copy instead.
+        `after`/`in_after` as in rotate()."""
         self._reap()
         inn = self._check_in(RotateIn(host_kv, slots))
         known = self._prefetched.find(host_kv, slots)
@@ -160,13 +174,15 @@ class RotationEngine:
         blocks = list(host_kv.block_ids)
         self.host_pool.allocator.incref(blocks)  # held until the copy has run
         try:
-            event = self._launch_in([inn], after)
+            event = self._launch_in([inn], after, as_events(in_after))
         except BaseException:
             self.host_pool.allocator.decref(blocks)
             raise
         self._inflight.hold(event, blocks)
         self._prefetched.add(host_kv, slots, event)
-        self.bytes_in += host_kv.num_tokens * self.device_pool.bytes_per_token
+        moved = host_kv.num_tokens * self.device_pool.bytes_per_token
+        self.bytes_in += moved
+        self.bytes_prefetched += moved
         self._reap()
         return RotationHandle(events=(event,))
 
@@ -174,7 +190,11 @@ class RotationEngine:
         """Forget an unconsumed prefetch of `host_kv` (e.g. the resume it was for did not happen);
         the device slots it wrote are the caller's to free."""
         self._reap()
-        self._prefetched.drop(host_kv)
+        self.prefetches_cancelled += self._prefetched.drop(host_kv)
+
+    def is_prefetched(self, host_kv: HostKV) -> bool:
+        """Is a prefetch of `host_kv` still waiting to be consumed or cancelled?"""
+        return self._prefetched.has(host_kv)
 
     # ---- eager block rotation
     def track(self, rid: str) -> None:
@@ -252,7 +272,8 @@ class RotationEngine:
     # ---- accounting
     def counters(self) -> dict[str, int]:
         names = ("bytes_out", "bytes_in", "rotations_out", "rotations_in", "bytes_eager_out", "bytes_reused",
-                 "eager_blocks_skipped", "mirror_blocks_dropped", "prefetch_hits")
+                 "eager_blocks_skipped", "mirror_blocks_dropped", "prefetch_hits", "bytes_prefetched",
+                 "bytes_prefetch_hits", "prefetches_cancelled")
         return {n: getattr(self, n) for n in names}
 
     def held_refs(self) -> Counter[int]:
@@ -345,8 +366,8 @@ class RotationEngine:
                 self._path.to_host(*gather_batch(parts, bt))
         return self._out.record()
 
-    def _launch_in(self, ins: list[RotateIn], after: After) -> CopyEvent:
-        with self._in.run(after):
+    def _launch_in(self, ins: list[RotateIn], after: After, also: Sequence[CopyEvent] = ()) -> CopyEvent:
+        with self._in.run(after, also=also):
             parts = [
                 (self._device_slots(self._in, i.slots), list(i.host_kv.block_ids)) for i in ins if i.host_kv.num_tokens
             ]
@@ -372,8 +393,9 @@ class RotationEngine:
 
     def _commit_in(self, ins: list[RotateIn], hits: list[tuple[HostKV, CopyEvent]]) -> list[CopyEvent]:
         """Count the copies; consume the prefetches used (their copies stay held until they have run)."""
-        copied = sum(i.host_kv.num_tokens for i in ins) - sum(hk.num_tokens for hk, _ in hits)
-        self.bytes_in += copied * self.device_pool.bytes_per_token
+        served = sum(hk.num_tokens for hk, _ in hits) * self.device_pool.bytes_per_token
+        self.bytes_in += sum(i.host_kv.num_tokens for i in ins) * self.device_pool.bytes_per_token - served
+        self.bytes_prefetch_hits += served
         self.rotations_in += len(ins)
         self.prefetch_hits += len(hits)
         for hk, _ in hits:

@@ -45,17 +45,22 @@ class PrefetchTable:
         values = slots.to(torch.int64).clone() if slots.device.type == "cpu" else None
         self._records[host_kv] = Prefetch(slots, values, event)
 
-    def drop(self, host_kv: HostKV) -> None:
-        """Forget the prefetch of `host_kv` (consumed or cancelled) and its reference."""
-        if self._records.pop(host_kv, None) is not None:
-            self.allocator.decref(host_kv.block_ids)
+    def has(self, host_kv: HostKV) -> bool:
+        return host_kv in self._records
 
-    def drop_overlapping(self, host_kv: HostKV) -> None:
+    def drop(self, host_kv: HostKV) -> bool:
+        """Forget the prefetch of `host_kv` (consumed or cancelled) and its reference; False if none."""
+        if self._records.pop(host_kv, None) is None:
+            return False
+        self.allocator.decref(host_kv.block_ids)
+        return True
+
+    def drop_overlapping(self, host_kv: HostKV) -> int:
         """Forget every prefetch sharing a block with `host_kv` (which is being freed): a prefetch of a
-        prefix of it (HostKV(block_ids[:k], ...)) must not outlive it."""
+        prefix of it (HostKV(block_ids[:k], ...)) must not outlive it. Returns how many."""
         blocks = set(host_kv.block_ids)
-        for known in [hk for hk in self._records if blocks.intersection(hk.block_ids)]:
-            self.drop(known)
+        known = [hk for hk in self._records if blocks.intersection(hk.block_ids)]
+        return sum(self.drop(hk) for hk in known)
 
     def refs(self) -> Counter[int]:
         return Counter(b for hk in self._records for b in hk.block_ids)

@@ -31,19 +31,30 @@ class RotaSchedMetrics:
                                     ["slo_class", "slo", "outcome"])
         self.aborted_rotary = Counter("superinfer_aborted_rotary", "Requests aborted while rotary")
         self.kv_checks = Counter("superinfer_kv_verify", "Rotation KV byte checks (debug)", ["outcome"])
+        self.duplex_steps = Counter("superinfer_duplex_steps",
+                                    "Scheduling steps whose one rotation call moved KV both ways")
+        self.prefetches = Counter("superinfer_prefetches", "Rotary requests whose KV was prefetched",
+                                  ["outcome"])
+        self.prefetch_bytes = Counter("superinfer_prefetch_bytes",
+                                      "KV bytes brought back by prefetch (a subset of rotation_bytes{in})")
         self._seen: dict[str, int] = {}
 
     def update(self, rt: Any) -> None:
         """Advance counters by what changed since the last call (stats are plain ints)."""
         s = rt.stats
-        for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary"):
+        for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
+                     "duplex_steps"):
             self._advance(getattr(self, name), name, getattr(s, name))
+        self._advance(self.prefetches.labels("started"), "prefetch_started", s.prefetches)
+        self._advance(self.prefetches.labels("hit"), "prefetch_hit", s.prefetch_hits)
+        self._advance(self.prefetches.labels("cancelled"), "prefetch_cancelled", s.prefetch_cancelled)
         self._advance(self.kv_checks.labels("identical"), "kv_ok", s.kv_verified)
         self._advance(self.kv_checks.labels("changed"), "kv_bad", s.kv_mismatches)
         if rt.engine is not None:
             self._advance(self.bytes_moved.labels("out"), "bytes_out", rt.engine.bytes_out)
             self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", rt.engine.bytes_eager_out)
             self._advance(self.bytes_moved.labels("in"), "bytes_in", rt.engine.bytes_in)
+            self._advance(self.prefetch_bytes, "bytes_prefetched", rt.engine.bytes_prefetched)
         usage = rt.pool_usage()
         self.rotary_requests.set(len(rt.rotary))
         self.host_blocks_used.set(usage["host_blocks_used"])

@@ -1,4 +1,4 @@
-"""Rotating one request's KV out of SGLang's device pool and back in.
+"""Rotating requests' KV out of SGLang's device pool and back in, one scheduling step at a time.
 
 Out: copy the KV of every token before the last output token (that token is the next decode input,
 so its KV may still be in flight under the overlap scheduler and is recomputed on resume), then
@@ -7,17 +7,21 @@ release the request exactly as SGLang's retraction does (slots freed, radix lock
 In: allocate device slots, copy the KV back, insert it into the radix tree under a lock of ours and
 requeue the request: SGLang's prefill path then matches the whole restored prefix and extends only
 the last output token. The lock keeps eviction away until the request is admitted and holds its own.
+
+A step's outs and ins are one `RotationEngine.rotate` call (`rotate_step`): one device-to-host launch
+and one host-to-device launch, on separate copy lanes, so on a GPU both directions run at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..duplexkv.engine import HostKV, RotationEngine
+from ..duplexkv.engine import HostKV, RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostPoolFull
+from ..duplexkv.streams import CopyEvent, RotationHandle
 
 
 @dataclass
@@ -28,6 +32,38 @@ class RotaryEntry:
     host_kv: HostKV
     paused_at: float
     paused_iter: int = 0
+    prefetch_tried: bool = False  # prefetched once this stint already (a miss is not chased again)
+
+
+@dataclass
+class Incoming:
+    """One resume: the page-aligned part of the entry's KV that goes back through the radix tree (a
+    partial last page is recomputed by the extend instead) and the device slots it goes into."""
+
+    entry: RotaryEntry
+    host_kv: HostKV
+    slots: torch.Tensor | None = None  # None until allocated; stays None when there is nothing to load
+
+    @property
+    def ready(self) -> bool:
+        return self.slots is not None or self.host_kv.num_tokens == 0
+
+
+@dataclass
+class Prefetched:
+    """Slots we hold for a rotary request whose KV is being copied back ahead of its resume."""
+
+    host_kv: HostKV  # exactly the Incoming.host_kv its resume will load
+    slots: torch.Tensor
+    handle: RotationHandle
+
+
+@dataclass
+class StepResult:
+    rotated: list[RotaryEntry] = field(default_factory=list)
+    recompute: list[Any] = field(default_factory=list)  # host pool full: released and requeued
+    resumed: list[tuple[Incoming, Any]] = field(default_factory=list)  # with our tree lock
+    deferred: list[Incoming] = field(default_factory=list)  # no device memory now: still rotary
 
 
 def restorable_tokens(req: Any) -> int:
@@ -50,32 +86,173 @@ def can_rotate(req: Any) -> bool:
     return bool(req.output_ids) and kv.holds_kv and kv.kv_allocated_len >= n > 0 and not req.finished()
 
 
-def rotate_out(sched: Any, req: Any, engine: RotationEngine, now: float) -> RotaryEntry | None:
-    """Move `req`'s KV to host and free its device slots. Returns None when the host pool is full
-    (the caller then falls back to SGLang's retract-and-recompute)."""
-    from sglang.srt.managers.schedule_batch import release_req
+# ---- one step: every out and every in through one engine.rotate call ---------------------------
+def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[Incoming], now: float) -> StepResult:
+    """Rotate `outs` (running requests, already out of the running batch) to host and bring `ins`
+    back, as one engine.rotate call. Outs that do not fit in the host pool fall back to recompute;
+    ins that find no device memory stay rotary (`deferred`)."""
+    items = [out_item(sched, req, engine) for req in outs]
+    released = _give_slots(sched, outs, ins)
+    ready = [inc for inc in ins if inc.ready]
+    handle = _rotate(engine, items, ready, forward_fence(sched) if ready else [], in_after_out=released)
+    # The next forward (launched after the scheduling stream's work) must not read a slot still being
+    # written nor overwrite one still being read; neither may anything else queued on this stream.
+    handle.wait()
+    if not released:
+        for req in outs:
+            release(sched, req)
+    result = StepResult(deferred=[inc for inc in ins if not inc.ready])
+    for i, req in enumerate(outs):
+        if i < len(handle.saved):
+            result.rotated.append(RotaryEntry(req=req, host_kv=handle.saved[i], paused_at=now))
+        else:  # the host pool could not take it
+            engine.untrack(req.rid)  # recomputed KV may differ in its last bits from a mirror
+            sched._add_request_to_queue(req, is_retracted=True)
+            result.recompute.append(req)
+    result.resumed = [(inc, insert_restored(sched, inc, engine)) for inc in ready]
+    return result
 
+
+def _give_slots(sched: Any, outs: list[Any], ins: list[Incoming]) -> bool:
+    """Allocate the ins' device slots, first from memory that was already free: such slots cannot be
+    anything an out copy reads, so both directions can run at once. Ins that need more get it after
+    the outs are released (and evicting), which is then done here: returns True, and their copies
+    must be ordered after the out copies."""
+    for inc in ins:
+        alloc_incoming(sched, inc, evict=False)
+    late = [inc for inc in ins if not inc.ready]
+    if not late:
+        return False
+    for req in outs:
+        release(sched, req)
+    for inc in late:
+        alloc_incoming(sched, inc, evict=True)
+    return True
+
+
+def _rotate(
+    engine: RotationEngine, outs: list[RotateOut], ins: list[Incoming], fence: list[CopyEvent], in_after_out: bool
+) -> RotationHandle:
+    """engine.rotate, dropping outs from the end while the host pool cannot take them (a failed
+    attempt changes nothing). Ins allocate no host blocks, so they always go. handle.saved holds the
+    HostKVs of the outs that went, a prefix of `outs`."""
+    inn = [RotateIn(inc.host_kv, inc.slots) for inc in ins if inc.slots is not None]
+    while True:
+        try:
+            return engine.rotate(out=outs, inn=inn, in_after=fence, in_after_out=in_after_out)
+        except HostPoolFull:
+            if not outs:
+                raise
+            outs = outs[:-1]
+
+
+def out_item(sched: Any, req: Any, engine: RotationEngine) -> RotateOut:
+    """What engine.rotate needs to move `req` out. The slot indices are copied now (on the current
+    stream, which the copy waits for), so releasing the request's req_to_token row cannot change them."""
     n = restorable_tokens(req)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
     engine.track(req.rid)  # idempotent: eager sync may not have reached this request yet
+    # Blocks the eager sync already copied are reused; only the unsynced tail moves now.
+    return RotateOut(req.rid, row[:n].clone(), n)
+
+
+def incoming(entry: RotaryEntry, page_size: int) -> Incoming:
+    n = entry.host_kv.num_tokens // page_size * page_size
+    return Incoming(entry, _prefix(entry.host_kv, n) if n < entry.host_kv.num_tokens else entry.host_kv)
+
+
+def alloc_incoming(sched: Any, inc: Incoming, evict: bool) -> None:
+    if not inc.ready:
+        inc.slots = alloc_slots(sched, inc.host_kv.num_tokens, evict)
+
+
+def alloc_slots(sched: Any, n: int, evict: bool) -> torch.Tensor | None:
+    """n device slots, or None. Without `evict` only memory already free is used (no cached prefix
+    is given up)."""
+    from sglang.srt.mem_cache.common import evict_from_tree_cache
+
+    alloc = sched.token_to_kv_pool_allocator
+    if alloc.available_size() < n:
+        if not evict:
+            return None
+        # SGLang's helper takes the total to make allocatable, not the shortfall.
+        evict_from_tree_cache(sched.tree_cache, n)
+    return alloc.alloc(n)
+
+
+def free_slots(sched: Any, slots: torch.Tensor) -> None:
+    sched.token_to_kv_pool_allocator.free(slots)
+
+
+def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
+    """Put restored KV into the radix tree under a lock of ours and return the lock (None when
+    nothing was restored: the whole request is recomputed by its extend)."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    req, n = inc.entry.req, inc.host_kv.num_tokens
+    if n == 0:
+        engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=0)
+        return None
+    tree = sched.tree_cache
+    tokens = (req.origin_input_ids + req.output_ids)[:n]
+    key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
+    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (duplicates).
+    result = tree.insert(InsertParams(key=key, value=inc.slots.to(torch.int64), prev_prefix_len=0))
+    # The restored blocks become the request's eager mirror, so rotating it out again moves only
+    # new tokens. Where the tree kept its own copy of a prefix, the device bytes are the tree's,
+    # which we cannot vouch for: keep no mirror then.
+    engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=n if result.prefix_len == 0 else 0)
+    match = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)))
+    return tree.lock(match.last_device_node)
+
+
+def prefetch(sched: Any, engine: RotationEngine, inc: Incoming) -> Prefetched | None:
+    """Allocate slots for `inc` from free memory (never evicting) and start copying its KV there."""
+    slots = alloc_slots(sched, inc.host_kv.num_tokens, evict=False)
+    if slots is None:
+        return None
+    handle = engine.prefetch(inc.host_kv, slots, in_after=forward_fence(sched))
+    return Prefetched(inc.host_kv, slots, handle)
+
+
+def cancel_prefetch(sched: Any, engine: RotationEngine, p: Prefetched) -> None:
+    """Drop an unused prefetch and give its slots back, once nothing can still be writing them."""
+    engine.cancel_prefetch(p.host_kv)
+    p.handle.wait()  # whoever gets these slots next is queued after this stream
+    free_slots(sched, p.slots)
+
+
+def forward_fence(sched: Any) -> list[CopyEvent]:
+    """Under the overlap scheduler the forward in flight may still write slots freed since it was
+    launched (e.g. a released request's next-token slot); a copy into newly allocated slots waits for
+    it. Nothing to wait for on a CPU or when the forward runs on the current stream."""
+    stream = getattr(sched, "forward_stream", None)
+    if stream is None or not torch.cuda.is_available() or not isinstance(stream, torch.cuda.Stream):
+        return []
+    if stream == torch.cuda.current_stream(stream.device):
+        return []
+    event = torch.cuda.Event()
+    event.record(stream)
+    return [event]
+
+
+# ---- single-request forms ------------------------------------------------------------------------
+def rotate_out(sched: Any, req: Any, engine: RotationEngine, now: float) -> RotaryEntry | None:
+    """Move one request's KV to host and free its device slots. Returns None, with nothing changed,
+    when the host pool is full (the caller then falls back to SGLang's retract-and-recompute)."""
     try:
-        # Blocks the eager sync already copied are reused; only the unsynced tail moves now.
-        host_kv = engine.save_request(req.rid, row, n)
+        host_kv = engine.save_request(*out_item(sched, req, engine))
     except HostPoolFull:
         return None
-    _release(sched, req, release_req)
+    release(sched, req)
     return RotaryEntry(req=req, host_kv=host_kv, paused_at=now)
 
 
-def retract_for_recompute(sched: Any, req: Any) -> None:
-    """SGLang's own fallback: free the KV and requeue the request to be recomputed."""
+def release(sched: Any, req: Any) -> None:
+    """Free the request's device slots and radix locks exactly as SGLang's retraction does."""
     from sglang.srt.managers.schedule_batch import release_req
 
-    _release(sched, req, release_req)
-    sched._add_request_to_queue(req, is_retracted=True)
-
-
-def _release(sched: Any, req: Any, release_req: Any) -> None:
     release_req(
         req=req,
         remaing_req_count=0,
@@ -85,38 +262,6 @@ def _release(sched: Any, req: Any, release_req: Any) -> None:
         hisparse_coordinator=None,
         offload_kv=False,
     )
-
-
-def resume(sched: Any, entry: RotaryEntry, engine: RotationEngine) -> tuple[bool, Any]:
-    """Bring `entry`'s KV back into the radix tree. Returns (ok, our tree lock); ok is False when
-    device memory cannot be had right now (the entry stays rotary, nothing changed)."""
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.common import evict_from_tree_cache
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    tree, alloc = sched.tree_cache, sched.token_to_kv_pool_allocator
-    req, n = entry.req, entry.host_kv.num_tokens
-    page = alloc.page_size
-    n_aligned = n // page * page  # a partial last page is recomputed by the extend instead
-    if n_aligned == 0:
-        engine.keep_as_mirror(req.rid, entry.host_kv, valid_tokens=0)
-        return True, None
-    if alloc.available_size() < n_aligned:
-        evict_from_tree_cache(tree, n_aligned - alloc.available_size())
-    slots = alloc.alloc(n_aligned)
-    if slots is None:
-        return False, None
-    engine.load(_prefix(entry.host_kv, n_aligned) if n_aligned < n else entry.host_kv, slots)
-    tokens = (req.origin_input_ids + req.output_ids)[:n_aligned]
-    key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
-    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (duplicates).
-    result = tree.insert(InsertParams(key=key, value=slots.to(torch.int64), prev_prefix_len=0))
-    # The restored blocks become the request's eager mirror, so rotating it out again moves only
-    # new tokens. Where the tree kept its own copy of a prefix, the device bytes are the tree's,
-    # which we cannot vouch for: keep no mirror then.
-    engine.keep_as_mirror(req.rid, entry.host_kv, valid_tokens=n_aligned if result.prefix_len == 0 else 0)
-    match = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)))
-    return True, tree.lock(match.last_device_node)
 
 
 def _prefix(host_kv: HostKV, n: int) -> HostKV:

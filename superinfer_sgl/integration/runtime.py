@@ -30,6 +30,7 @@ from ..rotasched import (
     VltParams,
     lvf_decide,
     resolve_slo,
+    vlt,
 )
 from ..rotasched.timing import ReqClock
 from . import rotation
@@ -46,6 +47,8 @@ TEST_HOLD_ROTARY_ENV = "SUPERINFER_TEST_HOLD_ROTARY_ITERS"
 VERIFY_ENV = "SUPERINFER_VERIFY_ROTATION"
 DEFAULT_HOST_RAM_FRACTION = 0.25
 PAPER_BUDGET_BLOCKS = 2400
+# Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
+PREFETCH_MAX_REQUESTS = 1
 _CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
 
 
@@ -59,6 +62,10 @@ class RotationStats:
     aborted_rotary: int = 0
     kv_verified: int = 0
     kv_mismatches: int = 0
+    duplex_steps: int = 0  # steps whose one rotate call carried both outs and ins
+    prefetches: int = 0
+    prefetch_hits: int = 0  # resumes that found their KV already prefetched
+    prefetch_cancelled: int = 0
     decisions: int = 0
     contended_decisions: int = 0
 
@@ -73,6 +80,8 @@ class RotaSchedRuntime:
         self.budget = self._budget(cfg, getattr(sched, "max_total_num_tokens", 0))
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
+        self.prefetched: dict[str, rotation.Prefetched] = {}  # rotary rids whose KV is coming back early
+        self.inbound_blocks = 0  # host blocks copied in by this step's resumes
         self.resume_locks: dict[str, Any] = {}
         self.stats = RotationStats()
         self.iteration = 0
@@ -80,7 +89,8 @@ class RotaSchedRuntime:
         self.hold_rotary = int(os.environ.get(TEST_HOLD_ROTARY_ENV, "0") or 0)
         self.verify = os.environ.get(VERIFY_ENV) == "1"
         self.digests: dict[str, tuple[int, str]] = {}
-        self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self._broadcaster())
+        self.broadcast = self._broadcaster()
+        self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self.broadcast)
         self.engine: RotationEngine | None = None
         self.disabled_reason: str | None = None
         if cfg.scheduler == "rotasched":
@@ -164,6 +174,7 @@ class RotaSchedRuntime:
             clk.set_state(ReqState.WAITING, now)
 
     def has_work(self) -> bool:
+        # (A prefetched request is still rotary, so its slots are covered too.)
         return bool(self.rotary or self.resume_locks)
 
     # ---- the per-iteration step --------------------------------------------------------------
@@ -190,15 +201,17 @@ class RotaSchedRuntime:
         self.stats.contended_decisions += decision.contention
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
         out += self._forced(running_batch, live, out)
-        self._rotate_out(running_batch, out, now)
-        for rid in decision.resume:
-            self._resume(rid, now)
+        resumes = self._resumable(decision.resume)
+        self._cancel_prefetches(keep={e.req.rid for e in resumes})
+        self._rotate(running_batch, out, resumes, now)
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order. Built from the decision alone so every TP rank offers the same queue.
         order = [*self.resume_locks, *decision.admit]
         rank = {rid: i for i, rid in enumerate(order)}
         queue = [r for r in self.sched.waiting_queue if r.rid in rank]
         queue.sort(key=lambda r: rank[r.rid])
+        if self.cfg.prefetch:
+            self._prefetch(views, running_batch, queue, now)
         # Then everyone else in arrival order: LVF counts in whole blocks (need rounded up, free
         # rounded down), so a request that fits in tokens could otherwise never be offered. The
         # PrefillAdder only admits them into memory that is really free, which needs no VLT.
@@ -264,10 +277,12 @@ class RotaSchedRuntime:
 
     def _free_blocks(self, running_batch: Any) -> int:
         # The same budget SGLang's PrefillAdder admits against: free + evictable tokens minus
-        # the decode reserve of every running request.
+        # the decode reserve of every running request. Slots held for prefetches count as free:
+        # they are given back before anything is allocated, unless their request resumes now.
         alloc, tree = self.sched.token_to_kv_pool_allocator, self.sched.tree_cache
         reserve = sum(self._reserve(r) for r in running_batch.reqs if not r.finished())
-        return max(0, int(alloc.available_size() + tree.evictable_size() - reserve) // self.bt)
+        prefetched = sum(p.host_kv.num_tokens for p in self.prefetched.values())
+        return max(0, int(alloc.available_size() + prefetched + tree.evictable_size() - reserve) // self.bt)
 
     def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
         views, by_rid = [], {}
@@ -321,47 +336,129 @@ class RotaSchedRuntime:
                 return [req]
         return []
 
-    def _rotate_out(self, running_batch: Any, reqs: list[Any], now: float) -> None:
-        if not reqs:
+    def _resumable(self, rids: tuple[str, ...]) -> list[rotation.RotaryEntry]:
+        entries = [self.rotary.get(rid) for rid in rids]
+        return [e for e in entries if e is not None and self.iteration - e.paused_iter >= self.hold_rotary]
+
+    def _rotate(self, running_batch: Any, outs: list[Any], resumes: list[rotation.RotaryEntry],
+                now: float) -> None:
+        """This step's rotations out and resumes, as one engine call (both directions at once)."""
+        self.inbound_blocks = 0
+        if not outs and not resumes:
             return
-        gone = {id(r) for r in reqs}
-        keep = [i for i, r in enumerate(running_batch.reqs) if id(r) not in gone]
-        running_batch.filter_batch(keep_indices=keep)
-        running_batch.batch_is_full = False
         assert self.engine is not None
-        for req in reqs:
-            clk = self.clocks[req.rid]
-            if self.verify:
+        if outs:
+            gone = {id(r) for r in outs}
+            running_batch.filter_batch(keep_indices=[i for i, r in enumerate(running_batch.reqs) if id(r) not in gone])
+            running_batch.batch_is_full = False
+        if self.verify:
+            for req in outs:
                 n = rotation.restorable_tokens(req)
                 self.digests[req.rid] = (n, rotation.device_kv_digest(self.sched, req, n))
-            entry = rotation.rotate_out(self.sched, req, self.engine, now)
-            if entry is None:
-                self.engine.untrack(req.rid)  # recomputed KV may differ in its last bits
-                rotation.retract_for_recompute(self.sched, req)
-                clk.recomputes += 1
-                clk.set_state(ReqState.WAITING, now)
-                self.stats.recompute_fallbacks += 1
-                continue
+        step = rotation.rotate_step(self.sched, self.engine, outs, [self._incoming(e) for e in resumes], now)
+        self.stats.duplex_steps += bool(step.rotated and step.resumed)
+        self._record(step, now)
+
+    def _record(self, step: rotation.StepResult, now: float) -> None:
+        for req in step.recompute:
+            clk = self.clocks[req.rid]
+            clk.recomputes += 1
+            clk.set_state(ReqState.WAITING, now)
+            self.stats.recompute_fallbacks += 1
+            self.digests.pop(req.rid, None)  # recomputed, not restored: nothing to verify
+        for entry in step.rotated:
             entry.paused_iter = self.iteration
-            self.rotary[req.rid] = entry
+            self.rotary[entry.req.rid] = entry
+            clk = self.clocks[entry.req.rid]
             clk.rotations += 1
             clk.set_state(ReqState.ROTARY, now)
             self.stats.rotations_out += 1
+        for inc, lock in step.resumed:
+            self.inbound_blocks += len(inc.host_kv.block_ids)
+            self._resumed(inc.entry, lock, now)
 
-    def _resume(self, rid: str, now: float) -> None:
-        entry = self.rotary.get(rid)
-        assert self.engine is not None
-        if entry is None or self.iteration - entry.paused_iter < self.hold_rotary:
-            return
-        ok, lock = rotation.resume(self.sched, entry, self.engine)
-        if not ok:
-            return
+    def _incoming(self, entry: rotation.RotaryEntry) -> rotation.Incoming:
+        inc = rotation.incoming(entry, self.sched.token_to_kv_pool_allocator.page_size)
+        p = self.prefetched.pop(entry.req.rid, None)
+        if p is not None:  # the engine finds the prefetch by (HostKV, slots) and copies nothing
+            assert p.host_kv == inc.host_kv, (p.host_kv, inc.host_kv)
+            inc.slots = p.slots
+            self.stats.prefetch_hits += 1
+        return inc
+
+    def _resumed(self, entry: rotation.RotaryEntry, lock: Any, now: float) -> None:
+        rid = entry.req.rid
         del self.rotary[rid]
+        assert self.engine is not None
         self.engine.free(entry.host_kv)  # the mirror kept its own references to what it reuses
         self.resume_locks[rid] = lock
         self.sched.waiting_queue.append(entry.req)
         self.clocks[rid].set_state(ReqState.WAITING, now)
         self.stats.resumes += 1
+
+    # ---- prefetch: the next resume's KV on its way one iteration early ----------------------
+    def _prefetch(self, views: list[ReqView], running_batch: Any, queue: list[Any], now: float) -> None:
+        """Start copying back the rotary request LVF ranks highest among those still rotary after
+        this step, into device memory nobody this step needs (never evicting), within what is left
+        of this step's inbound rotation budget."""
+        if self.engine is None:
+            return
+        room = self._prefetch_room(running_batch, queue)
+        budget = self.budget - self.inbound_blocks
+        page = self.sched.token_to_kv_pool_allocator.page_size
+        for entry in self._prefetch_candidates(views, now):
+            if len(self.prefetched) >= PREFETCH_MAX_REQUESTS:
+                return
+            inc = rotation.incoming(entry, page)
+            n, blocks = inc.host_kv.num_tokens, len(inc.host_kv.block_ids)
+            if n == 0 or n > room or blocks > budget:
+                continue
+            entry.prefetch_tried = True
+            p = rotation.prefetch(self.sched, self.engine, inc)
+            if p is None:
+                continue
+            self.prefetched[entry.req.rid] = p
+            self.stats.prefetches += 1
+            room -= n
+            budget -= blocks
+
+    def _prefetch_candidates(self, views: list[ReqView], now: float) -> list[rotation.RotaryEntry]:
+        """Requests still rotary after this step (LVF did not resume them, or they found no memory,
+        or the hold knob kept them), eligible to resume next iteration, not rotated out this very
+        step and not prefetched before in this stint (a miss is not chased): largest VLT first,
+        then arrival, then rid (LVF's own order)."""
+        def eligible(rid: str) -> bool:
+            e = self.rotary.get(rid)
+            return (e is not None and rid not in self.prefetched
+                    and not e.prefetch_tried and e.paused_iter < self.iteration
+                    and self.iteration + 1 - e.paused_iter >= self.hold_rotary)
+
+        ranked = sorted((-vlt(v, now, self.params), v.arrival, v.rid) for v in views
+                        if v.state == ReqState.ROTARY and eligible(v.rid))
+        rids = [rid for _, _, rid in ranked]
+        if len(rids) > 1:  # VLT reads each rank's clock: TP ranks adopt rank 0's order (same set)
+            rids = list(self.broadcast(rids))
+        return [self.rotary[rid] for rid in rids]
+
+    def _prefetch_room(self, running_batch: Any, queue: list[Any]) -> int:
+        """Free device tokens left once this step's commitments are met: the decode reserve of the
+        running batch, and the whole need of the requests offered for admission (resumed ones need
+        one token plus their reserve)."""
+        committed = sum(self._reserve(r) for r in running_batch.reqs if not r.finished())
+        for req in queue:
+            resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
+            committed += len(req.origin_input_ids) + len(req.output_ids) - resident + self._reserve(req)
+        return int(self.sched.token_to_kv_pool_allocator.available_size() - committed)
+
+    def _cancel_prefetches(self, keep: set[str]) -> None:
+        """Prefetches whose request does not resume now were a wrong guess: give their slots back."""
+        for rid in [r for r in self.prefetched if r not in keep]:
+            self._drop_prefetch(rid)
+
+    def _drop_prefetch(self, rid: str) -> None:
+        assert self.engine is not None
+        rotation.cancel_prefetch(self.sched, self.engine, self.prefetched.pop(rid))
+        self.stats.prefetch_cancelled += 1
 
     # ---- SGLang paths that must know the rotary queue ----------------------------------------
     def before_abort(self, recv_req: Any) -> None:
@@ -370,6 +467,8 @@ class RotaSchedRuntime:
         def match(rid: str) -> bool:
             return bool(recv_req.abort_all) or rid.startswith(recv_req.rid)
 
+        for rid in [r for r in self.prefetched if match(r)]:
+            self._drop_prefetch(rid)  # before its HostKV is freed: the slots are ours to give back
         for rid in [r for r in self.rotary if match(r)]:
             entry = self.rotary.pop(rid)
             self.stats.aborted_rotary += 1

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
     run.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
     run.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
+    run.add_argument("--min-stint-s", type=float, default=0.0,
+                     help="what-if: LVF may not rotate out a request running for less than this")
+    run.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
     run.add_argument("--jobs", type=int, default=1, help="worker processes")
     run.add_argument("--json", type=Path, help="write all summaries here")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
@@ -75,7 +78,8 @@ def _run(a: argparse.Namespace) -> None:
     jobs = [Job(a.profile, pol, a.workload, a.rate, a.duration, a.seed,
                 None if a.ttft_slo_ms is None else a.ttft_slo_ms / 1000.0,
                 None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
-                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, tuple(a.vlt))
+                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
+                a.min_stint_s, tuple(a.vlt))
             for pol in (a.policy or list(POLICIES))]
     results = run_jobs(jobs, a.jobs, progress=False)
     print(f"workload: {results[0]['workload']}; profile: {results[0]['profile']}")

@@ -125,6 +125,12 @@ def test_rotated_requests_equal_stock_alone(request: pytest.FixtureRequest, fixt
         return after.get(key, 0) - before.get(key, 0)
     assert delta('superinfer_rotation_bytes_total{direction="eager_out"}') > 0
     assert delta('superinfer_rotation_bytes_total{direction="out"}') < delta('superinfer_rotation_bytes_total{direction="in"}')
+    # Prefetch: every prefetch ends as a hit (resumed into its slots) or a cancel (slots freed).
+    started = delta('superinfer_prefetches_total{outcome="started"}')
+    assert started == delta('superinfer_prefetches_total{outcome="hit"}') + \
+        delta('superinfer_prefetches_total{outcome="cancelled"}')
+    if fixture == "rota_server_no_overlap":  # held rotary requests are prefetched a step early
+        assert delta('superinfer_prefetches_total{outcome="hit"}') > 0
     # KV bytes hashed at rotate-out equal the bytes the request reads after resuming.
     assert delta('superinfer_kv_verify_total{outcome="identical"}') > 0
     changed = delta('superinfer_kv_verify_total{outcome="changed"}')

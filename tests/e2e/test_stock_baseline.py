@@ -1,5 +1,7 @@
 """Stock `python -m sglang.launch_server` in the same venv: serves on CPU with only the
-CPU-compatibility switch, and our installed plugin stays inert (the A/B baseline)."""
+CPU-compatibility switch, and our installed plugin stays inert (the A/B baseline) except for the
+CPU patches that switch turns on (rotary fallback, batched CPU attention: equal attention speed on
+both sides of an A/B)."""
 
 from __future__ import annotations
 
@@ -32,5 +34,7 @@ def test_stock_sglang_serves_on_cpu_with_plugin_inert(stock_server: Server,
     resp = generate(stock_server, prompt, max_new_tokens=16)
     assert "superinfer" not in resp["meta_info"]  # none of our hooks ran
     assert "superinfer: host rotary pool" not in stock_server.log()  # no RotaSched runtime
+    assert "superinfer cpu attention active" in stock_server.log()  # SUPERINFER_CPU_COMPAT=1 turns it on
+    assert "superinfer cpu attention active" in stock_sched_server.log()  # our launcher's CPU default
     ours = generate(stock_sched_server, prompt, max_new_tokens=16)
     assert resp["output_ids"] == ours["output_ids"]

@@ -110,7 +110,7 @@ def test_mixed_workload_adds_the_priority_baseline(tmp_path: Path, model_dir: Pa
     assert [s.name for s in plan.systems] == ["sglang", "sglang-priority", "superinfer"]
     assert {r.slo_class for r in plan.requests} <= {"interactive", "batch"}
     plan, _ = _plan(["--profile", "smoke", "--noise", "--out", str(tmp_path / "n")])
-    assert [s.name for s in plan.systems] == ["sglang", "sglang#2"]
+    assert [s.name for s in plan.systems] == ["sglang", "superinfer", "sglang#2"]
 
 
 STUBBORN = textwrap.dedent("""
@@ -138,3 +138,33 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     left = server.stop(grace_s=1.0)
     assert left == []
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree)
+
+
+HARNESS = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from superinfer_sgl.bench.servers import ServerProcess, SystemSpec
+    server = ServerProcess(SystemSpec("fake", "fake"), [sys.executable, "-c", "import time; time.sleep(600)"],
+                           {}, Path(sys.argv[1]), 0)
+    server.start()
+    print(server.proc.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_servers_die_with_a_killed_harness(tmp_path: Path) -> None:
+    """SIGKILL leaves no handler to run: the server's parent-death signal takes it down."""
+    import signal
+    import subprocess
+
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "log.txt")], stdout=subprocess.PIPE,
+                               text=True)
+    server_pid = int(harness.stdout.readline())
+    assert psutil.pid_exists(server_pid)
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and psutil.pid_exists(server_pid) and \
+            psutil.Process(server_pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE

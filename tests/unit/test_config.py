@@ -188,8 +188,8 @@ def test_cli_flags_are_in_their_own_group() -> None:
     assert flags == {
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--rotation-budget-blocks", "--rotary-block-tokens",
-        "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--mixed-resume",
-        "--no-mixed-resume",
+        "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch", "--no-prefetch",
+        "--mixed-resume", "--no-mixed-resume",
     }
 
 

@@ -206,6 +206,43 @@ def test_freeing_a_host_kv_cancels_prefetches_of_its_prefix():
     assert engine.host_pool.allocator.num_used == 0
 
 
+@pytest.mark.parametrize("transfer", ["torch", "naive"])
+def test_in_after_out_brings_kv_into_the_slots_being_saved(transfer):
+    """A resume given the slots an outgoing request just freed: the in copy must run after the out
+    copy has read them (in_after_out), so the saved KV is the old bytes and the device the new."""
+    engine = make_engine(transfer)
+    freed, elsewhere = slots((0, 10)), slots((30, 40))
+    want_in = rows_at(engine, elsewhere)
+    hk_in = engine.save(elsewhere)
+    want_out = rows_at(engine, freed)
+    handle = engine.rotate(out=[(None, freed, 10)], inn=[(hk_in, freed)], in_after_out=True)
+    handle.synchronize()
+    assert same(rows_at(engine, freed), want_in)
+    engine.load(handle.saved[0], slots((60, 70)))
+    assert same(rows_at(engine, slots((60, 70))), want_out)
+    engine.free(hk_in)
+    engine.free(handle.saved[0])
+    assert engine.host_pool.allocator.num_used == 0
+
+
+def test_prefetch_byte_counters():
+    engine = make_engine()
+    bpt = engine.device_pool.bytes_per_token
+    hk = engine.save(slots((0, 11)))
+    engine.prefetch(hk, slots((50, 61)))
+    assert engine.is_prefetched(hk)
+    assert (engine.bytes_in, engine.bytes_prefetched, engine.bytes_prefetch_hits) == (11 * bpt, 11 * bpt, 0)
+    engine.rotate(inn=[(hk, slots((50, 61)))]).synchronize()  # served by the prefetch: no second copy
+    assert not engine.is_prefetched(hk)
+    assert (engine.bytes_in, engine.bytes_prefetched, engine.bytes_prefetch_hits) == (11 * bpt, 11 * bpt, 11 * bpt)
+    engine.prefetch(hk, slots((70, 81)))
+    engine.cancel_prefetch(hk)
+    engine.prefetch(hk, slots((70, 81)))
+    engine.free(hk)  # cancels the prefetch of what it frees
+    assert engine.counters()["prefetches_cancelled"] == 2 and engine.bytes_prefetched == 33 * bpt
+    assert engine.host_pool.allocator.num_used == 0
+
+
 def test_empty_rotation_and_handle():
     engine = make_engine()
     handle = engine.rotate()
@@ -246,6 +283,25 @@ def test_cuda_rotate_overlaps_and_orders_the_next_forward():
     handle.synchronize()
     engine.load(handle.saved[0], out_slots)
     assert same(rows_at(engine, out_slots), want_out)
+    engine.free(hk_in)
+    engine.free(handle.saved[0])
+    engine.quiesce()
+    assert engine.host_pool.allocator.num_used == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_in_after_out_orders_a_resume_into_slots_still_being_saved():
+    engine = make_engine("triton-dma", blocks=1100, rows=8192)
+    freed, elsewhere = torch.arange(0, 2000, device="cuda"), torch.arange(4000, 6000, device="cuda")
+    want_in = rows_at(engine, elsewhere)
+    hk_in = engine.save(elsewhere)
+    want_out = rows_at(engine, freed)
+    handle = engine.rotate(out=[(None, freed, 2000)], inn=[(hk_in, freed)], in_after_out=True)
+    handle.synchronize()
+    assert same(rows_at(engine, freed), want_in)
+    engine.load(handle.saved[0], torch.arange(6000, 8000, device="cuda"))
+    assert same(rows_at(engine, torch.arange(6000, 8000, device="cuda")), want_out)
     engine.free(hk_in)
     engine.free(handle.saved[0])
     engine.quiesce()

@@ -85,6 +85,28 @@ def test_cpu_compat_registers_patches_only(monkeypatch: pytest.MonkeyPatch) -> N
     assert integration.INSTALLED == []
 
 
+def test_cpu_compat_switches_on_cpu_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one switch that lets stock SGLang serve on CPU also gives it our batched attention."""
+    from superinfer_patches import cpu_attention_backend
+    from superinfer_sgl.cpu_attention.backend import SuperInferCpuAttnBackend
+
+    monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
+    plugin.load()
+    assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND],
+                             cpu_attention_backend.TARGET: [HookType.REPLACE]}
+    [(_, hook, _)] = HookRegistry._hooks[cpu_attention_backend.TARGET]
+    assert hook is SuperInferCpuAttnBackend
+    assert integration.INSTALLED == []
+
+
+def test_cpu_attention_alone_without_compat(monkeypatch: pytest.MonkeyPatch) -> None:
+    from superinfer_patches import cpu_attention_backend
+
+    monkeypatch.setenv(CPU_ATTENTION_ENV, "1")
+    plugin.load()
+    assert _registered() == {cpu_attention_backend.TARGET: [HookType.REPLACE]}
+
+
 def test_cpu_compat_registers_only_rotary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     monkeypatch.setenv(CPU_ATTENTION_ENV, "0")  # the CPU attention patch has its own switch

@@ -1,4 +1,5 @@
-"""RotaSchedRuntime's bookkeeping with fake SGLang objects: no server, no model."""
+"""RotaSchedRuntime's bookkeeping with fake SGLang objects: no server, no model.
+(Rotation steps against a real RotationEngine: test_runtime_duplex.py.)"""
 
 from __future__ import annotations
 
@@ -6,14 +7,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
 from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
 from superinfer_sgl.rotasched import DEFAULT_CLASSES, Slo, SloClasses, VltParams
-from superinfer_sgl.rotasched.state import ReqState
 
 
 @dataclass
@@ -70,6 +68,7 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
     rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
     rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400
+    rt.prefetched = {}
     rt.stats, rt.iteration, rt.rotate_every, rt.hold_rotary = RotationStats(), 0, 0, 0
     rt.verify, rt.digests, rt.metrics = False, {}, None
     rt.engine = FakeEngine()  # type: ignore[assignment]
@@ -77,32 +76,6 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt.sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
                                _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
     return rt
-
-
-def test_full_host_pool_falls_back_to_recompute_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    rt = make_runtime()
-    a, b = FakeReq("a"), FakeReq("b")
-    batch = FakeBatch([a, b])
-    for r in (a, b):
-        rt.clock(r, 0.0).set_state(ReqState.RUNNING, 0.0)
-    monkeypatch.setattr(rotation, "rotate_out", lambda *args: None)  # HostPoolFull inside
-    monkeypatch.setattr(rotation, "retract_for_recompute", lambda sched, req: sched._add_request_to_queue(req, True))
-    rt._rotate_out(batch, [a], now=1.0)
-    assert [r.rid for r in batch.reqs] == ["b"] and not batch.batch_is_full
-    assert rt.sched.requeued == [a] and rt.stats.recompute_fallbacks == 1 and rt.stats.rotations_out == 0
-    assert rt.clocks["a"].recomputes == 1 and rt.clocks["a"].state == ReqState.WAITING
-    assert "a" not in rt.rotary and rt.engine.untracked == ["a"]  # type: ignore[attr-defined]
-
-
-def test_rotate_out_parks_request_as_rotary(monkeypatch: pytest.MonkeyPatch) -> None:
-    rt = make_runtime()
-    a = FakeReq("a")
-    rt.clock(a, 0.0).set_state(ReqState.RUNNING, 0.0)
-    kv = HostKV((0,), 4, 16)
-    monkeypatch.setattr(rotation, "rotate_out", lambda sched, req, engine, now: rotation.RotaryEntry(req, kv, now))
-    rt._rotate_out(FakeBatch([a]), [a], now=2.0)
-    assert rt.rotary["a"].host_kv == kv and rt.clocks["a"].rotations == 1
-    assert rt.clocks["a"].state == ReqState.ROTARY and rt.has_work()
 
 
 def test_abort_releases_rotary_and_resume_locks() -> None:

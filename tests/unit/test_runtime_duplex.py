@@ -1,0 +1,363 @@
+"""RotaSchedRuntime steps driving a real RotationEngine: full-duplex rotation and prefetch.
+
+The scheduler is a fake with SGLang's shapes: a token allocator whose free list is LIFO (a slot just
+freed is the next one handed out, so a resume given an outgoing request's slots is exercised), a
+radix tree that records what is inserted, and release_req returning a request's slots. LVF's
+decision is scripted per iteration. Lanes are synchronous on a CPU; every restored byte is compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from superinfer_sgl.config import SuperInferConfig
+from superinfer_sgl.duplexkv.device_pool import DevicePoolView
+from superinfer_sgl.duplexkv.engine import RotationEngine
+from superinfer_sgl.duplexkv.host_pool import HostKVPool
+from superinfer_sgl.integration.runtime import RotaSchedRuntime
+from superinfer_sgl.rotasched import Decision
+from superinfer_sgl.rotasched.state import ReqState
+
+LAYERS, HEADS, DIM, BT = 2, 2, 4, 4
+
+
+class FakeAllocator:
+    page_size = 1
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free_list = list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_list)
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n > len(self.free_list):
+            return None
+        taken, self.free_list = self.free_list[:n], self.free_list[n:]
+        return torch.tensor(taken, dtype=torch.int64)
+
+    def free(self, slots: torch.Tensor) -> None:
+        freed = slots.tolist()
+        assert not set(freed) & set(self.free_list), "double free"
+        self.free_list = freed + self.free_list  # LIFO: freed slots are handed out first
+
+
+class FakeTree:
+    disable = False
+
+    def __init__(self) -> None:
+        self.inserted: dict[tuple[int, ...], torch.Tensor] = {}
+        self.locked: list[Any] = []
+        self.unlocked: list[Any] = []
+
+    def insert(self, params: Any) -> Any:
+        self.inserted[tuple(params.key.token_ids)] = params.value.clone()
+        return SimpleNamespace(prefix_len=0)
+
+    def match_prefix(self, params: Any) -> Any:
+        return SimpleNamespace(last_device_node=tuple(params.key.token_ids))
+
+    def lock(self, node: Any) -> Any:
+        self.locked.append(node)
+        return ("lock", node)
+
+    def unlock(self, lock: Any) -> None:
+        self.unlocked.append(lock)
+
+    def evictable_size(self) -> int:
+        return 0
+
+    def supports_prefix_sharing(self) -> bool:
+        return False  # evict_from_tree_cache is then a no-op
+
+
+@dataclass
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    kv: Any
+    sampling_params: Any = field(default_factory=lambda: SimpleNamespace(
+        custom_params=None, ignore_eos=True, max_new_tokens=0))
+    extra_key: Any = None
+    cache_salt: Any = None
+
+    def finished(self) -> bool:
+        return False
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+
+class Batch:
+    def __init__(self, reqs: list[Req]) -> None:
+        self.reqs = reqs
+        self.batch_is_full = True
+
+    def filter_batch(self, keep_indices: list[int]) -> None:
+        self.reqs = [self.reqs[i] for i in keep_indices]
+
+
+class Harness:
+    """A runtime on a fake scheduler; `step(decision)` runs one iteration with LVF's answer scripted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, pool: int = 64, host_blocks: int = 32,
+                 real_sglang: bool = False, **cfg: Any) -> None:
+        self.dev = DevicePoolView.synthetic(pool + 1, LAYERS, HEADS, DIM, torch.float32)
+        for buf in (*self.dev.k_buffers, *self.dev.v_buffers):
+            buf.copy_(torch.randn_like(buf))
+        host = HostKVPool(host_blocks, LAYERS, HEADS, DIM, BT, torch.float32, pin=False)
+        self.engine = RotationEngine(self.dev, host, "torch")
+        self.alloc, self.tree = _sglang_pools(pool) if real_sglang else (FakeAllocator(pool), FakeTree())
+        kvcache = SimpleNamespace(layer_num=LAYERS, start_layer=0,
+                                  get_kv_buffer=lambda i: (self.dev.k_buffers[i], self.dev.v_buffers[i]))
+        self.alloc.get_kvcache = lambda: kvcache  # type: ignore[attr-defined]
+        self.requeued: list[Req] = []
+        self.sched = SimpleNamespace(
+            req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((8, 256), dtype=torch.int32)),
+            token_to_kv_pool_allocator=self.alloc, tree_cache=self.tree, waiting_queue=[],
+            chunked_req=None, last_batch=None, max_total_num_tokens=pool,
+            _add_request_to_queue=lambda r, is_retracted=False: self.requeued.append(r),
+        )
+        import sglang.srt.managers.schedule_batch as sb
+
+        monkeypatch.setattr(sb, "release_req", self._release)
+        monkeypatch.setattr(RotaSchedRuntime, "_init_engine", lambda rt: setattr(rt, "engine", self.engine))
+        monkeypatch.setattr(RotaSchedRuntime, "_init_metrics", lambda rt: None)
+        config = SuperInferConfig(rotary_block_tokens=BT, rotation_budget_blocks=64, **cfg)
+        self.rt = RotaSchedRuntime(self.sched, config)
+        self.batch = Batch([])
+        self.kv: dict[str, list[torch.Tensor]] = {}  # expected bytes of each request's restorable tokens
+        self.decisions: list[Decision] = []
+        self.rt._decide = lambda views, running_batch, now: self.decisions.pop(0)  # type: ignore[method-assign]
+        self.rotate_calls: list[dict[str, Any]] = []
+        real_rotate = self.engine.rotate
+
+        def rotate(out: Any = (), inn: Any = (), **kw: Any) -> Any:
+            out, inn = list(out), list(inn)
+            self.rotate_calls.append({"out": [o.rid for o in out], "in": [i.slots.clone() for i in inn], **kw})
+            return real_rotate(out=out, inn=inn, **kw)
+
+        self.engine.rotate = rotate  # type: ignore[method-assign]
+        self.to_device = 0
+        path_to_device = self.engine._path.to_device
+
+        def to_device(*args: Any) -> None:
+            self.to_device += 1
+            path_to_device(*args)
+
+        self.engine._path.to_device = to_device  # type: ignore[method-assign]
+
+    def _release(self, *, req: Req, token_to_kv_pool_allocator: Any, req_to_token_pool: Any, **_: Any) -> None:
+        row = req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
+        token_to_kv_pool_allocator.free(row.to(torch.int64).clone())
+        req.kv.holds_kv = False
+
+    def run(self, rid: str, prompt: int, outputs: int, pool_idx: int) -> Req:
+        """A running request whose KV (random bytes) fills freshly allocated slots."""
+        n = prompt + outputs
+        slots = self.alloc.alloc(n)
+        assert slots is not None
+        for buf in (*self.dev.k_buffers, *self.dev.v_buffers):
+            buf[slots] = torch.randn((n, HEADS, DIM))
+        self.sched.req_to_token_pool.req_to_token[pool_idx, :n] = slots.to(torch.int32)
+        kv = SimpleNamespace(req_pool_idx=pool_idx, holds_kv=True, kv_allocated_len=n)
+        req = Req(rid, list(range(100, 100 + prompt)), list(range(outputs)), kv)
+        self.kv[rid] = self.device_kv(slots[: n - 1])
+        self.batch.reqs.append(req)
+        return req
+
+    def device_kv(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        return [b[slots].clone() for b in (*self.dev.k_buffers, *self.dev.v_buffers)]
+
+    def step(self, **decision: Any) -> None:
+        self.decisions.append(Decision(**decision))
+        self.rt.around_prefill(lambda sched, batch: None, self.sched, self.batch)  # admits nobody
+
+    def restored_slots(self, req: Req) -> torch.Tensor:
+        return self.tree.inserted[tuple((req.origin_input_ids + req.output_ids)[: len(self.kv[req.rid][0])])]
+
+    def assert_restored(self, req: Req) -> torch.Tensor:
+        slots = self.restored_slots(req)
+        got = self.device_kv(slots)
+        assert all(torch.equal(a, b) for a, b in zip(got, self.kv[req.rid], strict=True)), req.rid
+        return slots
+
+
+def _sglang_pools(pool: int) -> tuple[Any, Any]:
+    """SGLang's own token allocator and radix tree, on a CPU."""
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    alloc = TokenToKVPoolAllocator(pool, torch.float32, "cpu", None, False)
+    return alloc, RadixCache(CacheInitParams(disable=False, req_to_token_pool=None,
+                                             token_to_kv_pool_allocator=alloc, page_size=1))
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_a_step_with_outs_and_ins_is_one_rotate_call_carrying_both(
+    monkeypatch: pytest.MonkeyPatch, tight: bool
+) -> None:
+    # tight: once c takes the slots b freed, no slot is free, so b's resume needs the slots a frees
+    # this very step; its copy in must then be ordered after a's copy out (in_after_out).
+    h = Harness(monkeypatch, pool=40 if tight else 64, prefetch=False)
+    a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    assert h.rt.rotary.keys() == {"b"} and h.rotate_calls[-1]["out"] == ["b"] and h.rotate_calls[-1]["in"] == []
+    others = [h.run("c", 14, 6, pool_idx=3)] if tight else []
+    assert (h.alloc.available_size() == 0) is tight
+    a_slots = h.sched.req_to_token_pool.req_to_token[1, :19].tolist()
+    h.rotate_calls.clear()
+    h.step(rotate_out=("a",), resume=("b",))
+    assert len(h.rotate_calls) == 1  # both directions, one engine call
+    call = h.rotate_calls[0]
+    assert call["out"] == ["a"] and len(call["in"]) == 1 and call["in_after_out"] is tight
+    b_slots = h.assert_restored(b)
+    assert bool(set(b_slots.tolist()) & set(a_slots)) is tight  # tight: b really got a's old slots
+    assert h.rt.rotary.keys() == {"a"} and h.rt.resume_locks.keys() == {"b"}
+    assert h.rt.stats.duplex_steps == 1 and (h.rt.stats.rotations_out, h.rt.stats.resumes) == (2, 1)
+    assert h.rt.clocks["a"].state == ReqState.ROTARY and h.rt.clocks["b"].state == ReqState.WAITING
+    assert h.rt.clocks["a"].rotations == 1 and h.rt.has_work()
+    assert h.batch.reqs == others and h.sched.waiting_queue == [b]
+    # a's saved bytes are the ones it had before b's KV came into its old slots
+    h.sched.waiting_queue.clear()
+    h.rt._unlock_admitted([b])
+    h.alloc.free(b_slots)
+    h.step(resume=("a",))
+    h.assert_restored(a)
+
+
+def test_prefetched_resume_uses_the_prefetched_slots_and_copies_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    assert not h.rt.prefetched  # rotated out this very step: not a candidate
+    free_before = h.alloc.available_size()
+    h.step()  # LVF resumes nobody; b is the rotary request it would take next
+    bpt = h.engine.device_pool.bytes_per_token
+    assert h.rt.prefetched.keys() == {"b"} and h.rt.stats.prefetches == 1
+    assert h.alloc.available_size() == free_before - 19 and h.engine.bytes_prefetched == 19 * bpt
+    prefetched_slots = h.rt.prefetched["b"].slots
+    bytes_in, copies = h.engine.bytes_in, h.to_device
+    h.step(resume=("b",))
+    assert h.to_device == copies and h.engine.bytes_in == bytes_in  # no second copy
+    assert h.engine.prefetch_hits == 1 and h.engine.bytes_prefetch_hits == 19 * bpt
+    assert h.rt.stats.prefetch_hits == 1 and not h.rt.prefetched
+    assert torch.equal(h.assert_restored(b), prefetched_slots)
+    assert torch.equal(h.rotate_calls[-1]["in"][0], prefetched_slots)
+
+
+def test_an_unused_prefetch_is_cancelled_and_its_slots_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    free_before, host_before = h.alloc.available_size(), h.engine.host_pool.allocator.num_used
+    h.step()
+    assert h.rt.prefetched.keys() == {"b"}
+    h.step()  # b not resumed: the guess was wrong
+    assert not h.rt.prefetched and h.rt.stats.prefetch_cancelled == 1 and h.engine.prefetches_cancelled == 1
+    assert h.alloc.available_size() == free_before and h.engine.host_pool.allocator.num_used == host_before
+    h.step()
+    assert not h.rt.prefetched  # a miss is not chased again this stint
+    copies = h.to_device
+    h.step(resume=("b",))
+    assert h.to_device > copies and h.engine.prefetch_hits == 0
+    h.assert_restored(b)
+
+
+def test_aborting_a_prefetched_rotary_request_leaks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch)
+    a = h.run("a", 12, 8, pool_idx=1)
+    h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    h.step()
+    assert h.rt.prefetched.keys() == {"b"}
+    h.rt.before_abort(SimpleNamespace(abort_all=False, rid="b"))
+    assert not h.rt.prefetched and not h.rt.rotary and [r.rid for r in h.sched.waiting_queue] == ["b"]
+    assert h.alloc.available_size() == h.alloc.size - 20  # only a's slots are in use
+    # a finishes: its mirror goes, its slots go back; nothing of b is left anywhere
+    h.rt.on_finished(a)
+    h._release(req=a, token_to_kv_pool_allocator=h.alloc, req_to_token_pool=h.sched.req_to_token_pool)
+    h.engine.quiesce()
+    assert h.alloc.available_size() == h.alloc.size and h.engine.host_pool.allocator.num_used == 0
+    h.engine.check_invariants()
+
+
+def test_full_host_pool_falls_back_to_recompute_for_the_outs_that_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch, host_blocks=6, eager_sync=False)
+    a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)  # 5 host blocks each
+    h.step(rotate_out=("a", "b"))
+    assert h.rt.rotary.keys() == {"a"} and h.requeued == [b]
+    assert h.rt.stats.recompute_fallbacks == 1 and h.rt.stats.rotations_out == 1
+    assert h.rt.clocks["b"].recomputes == 1 and h.rt.clocks["b"].state == ReqState.WAITING
+    assert not b.kv.holds_kv and h.batch.reqs == [] and not h.batch.batch_is_full
+    assert h.alloc.available_size() == h.alloc.size  # both released
+    h.step(resume=("a",))
+    h.assert_restored(a)
+
+
+def test_verify_hashes_across_a_duplex_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch, prefetch=False)
+    h.rt.verify = True
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    assert "b" in h.rt.digests
+    h.step(resume=("b",))
+    b.kv.req_pool_idx, b.kv.holds_kv = 3, True  # admitted: SGLang matched the restored prefix
+    h.sched.req_to_token_pool.req_to_token[3, :19] = h.restored_slots(b).to(torch.int32)
+    h.rt._unlock_admitted([b])
+    assert h.rt.stats.kv_verified == 1 and h.rt.stats.kv_mismatches == 0
+
+
+def test_a_held_rotary_request_is_prefetched_the_iteration_before_it_may_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SUPERINFER_TEST_HOLD_ROTARY_ITERS", "3")
+    h = Harness(monkeypatch)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))  # iteration 1
+    h.step(resume=("b",))  # 2: held, and not resumable next iteration either
+    assert "b" in h.rt.rotary and not h.rt.prefetched
+    h.step(resume=("b",))  # 3: held; resumable next iteration, so prefetched now
+    assert "b" in h.rt.rotary and h.rt.prefetched.keys() == {"b"}
+    copies = h.to_device
+    h.step(resume=("b",))  # 4: resumed from the prefetched slots
+    assert "b" not in h.rt.rotary and h.to_device == copies and h.rt.stats.prefetch_hits == 1
+    h.assert_restored(b)
+
+
+def test_resume_through_sglangs_own_allocator_and_radix_tree_evicting_a_cached_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    h = Harness(monkeypatch, pool=40, real_sglang=True)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    for first, n in ((500, 10), (600, 5)):  # other requests' cached prefixes take most of what b freed
+        cached = h.alloc.alloc(n)
+        h.tree.insert(InsertParams(key=RadixKey(list(range(first, first + n))), value=cached, prev_prefix_len=0))
+    assert h.alloc.available_size() == 5 and h.tree.evictable_size() == 15
+    h.step(resume=("b",))  # needs 19 slots: 14 more than free, so both cached prefixes must go
+    assert "b" not in h.rt.rotary and h.tree.protected_size() == 19  # restored and locked by us
+    tokens = (b.origin_input_ids + b.output_ids)[:19]
+    match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
+    assert match.device_prefix_len == 19
+    slots = h.tree.path_device_indices(match.last_device_node)
+    assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
+    h.rt._unlock_admitted([b])
+    assert h.tree.protected_size() == 0 and h.tree.evictable_size() == 19
