@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
-from .calibrate import derive, probe
+from .calibrate import derive, probe, probe_prompts
 from .planning import Plan, SweepPoint, mean_lengths, recalibrated
 from .prompts import PromptBuilder, priority_by_ttft, write_dataset
 from .report import check_targets, markdown_table, noise_band, plot, targets_markdown
@@ -224,7 +224,7 @@ def calibrate(sweep: Sweep, server: Any, tokenizer: Any, t_start: float) -> Plan
     mean_in, mean_out = mean_lengths(plan.profile, plan.seed)
     builder = PromptBuilder(tokenizer)
     texts, n_tok = [], int(mean_in)
-    for k in range(6):
+    for k in range(probe_prompts()):
         content, _ = builder.build(100_000 + k, n_tok)
         texts.append(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True))

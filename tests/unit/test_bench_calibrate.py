@@ -27,10 +27,11 @@ def test_derive_numbers() -> None:
     # TBT: max(2 x 140, 140 + 150 x 2) = 440 ms; TTFT: 150 x 2 + 50 x 140 = 7300 ms
     assert (cal.tbt_slo_ms, cal.ttft_slo_ms) == (440, 7300)
     assert cal.capacity_rps == pytest.approx(1.0)  # 1 / (150 x 2 ms + 50 x 140 ms / 10)
-    assert cal.rates == (0.5, 0.8, 1.1, 1.5)
-    # per request: (2 + 1.25 + 1.0 + 1.0) s x 2 systems; fixed (7.3 + 1.6 + 3) s x 8 runs;
-    # left = 1200 - 100 - 120 - 30 = 950 s -> (950 - 95.2) / 10.5 = 81.4
-    assert cal.num_requests == 81
+    assert cal.rates == (0.6, 1.0, 1.4, 2.0)
+    # per request: (1.667 + 1.0 + (0.714 + 0.286) + (0.5 + 0.5)) s x 2 systems = 9.33 s;
+    # fixed (7.3 + 1.6 + 3) s x 8 runs = 95.2 s; left = 1200 - 100 - 120 - 30 = 950 s
+    # -> (950 - 95.2) / 9.33 = 91.6
+    assert cal.num_requests == 91
     small = derive(SPEED, 2000, 150, 50, CalibrationKnobs(budget_s=300), 2, 100, 120, 200)
     assert small.num_requests == 16  # the floor
     assert derive(SPEED, 2000, 150, 50, CalibrationKnobs(), 2, 100, 120, 10).num_requests == 10  # the cap
@@ -52,3 +53,25 @@ def test_recalibrated_plan_scales_slos_and_classes(tmp_path: Path, model_dir: Pa
         assert r.slo.tbt_ms == pytest.approx(new_classes[r.slo_class]["tbt_ms"])
     ours = next(s for s in new.systems if s.name == "superinfer")
     assert f"{cal.ttft_slo_ms:g}" in ours.flags and new.profile.slo_classes in ours.flags
+
+
+def test_probe_keeps_the_fastest_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe slowed by another job (the first repeat here) must not scale the SLOs."""
+    from superinfer_sgl.bench import calibrate
+
+    calls: list[int] = []
+
+    def fake(url: str, texts: list[str], out_tokens: int) -> list[list[float]]:
+        calls.append(len(texts))
+        slow = len(calls) in (2, 4)  # first repeat of batch 1 and of batch 4
+        gap = (0.3 if slow else 0.05) + 0.01 * len(texts)
+        first = 2.0 if slow else 0.5  # TTFT
+        return [[0.0, first, *(first + gap * (i + 1) for i in range(out_tokens - 1))] for _ in texts]
+
+    monkeypatch.setattr(calibrate, "_concurrent", fake)
+    texts = [f"t{i}" for i in range(calibrate.probe_prompts((1, 4), 2))]
+    speed = calibrate.probe("http://x", texts, prompt_tokens=100, out_tokens=6, batches=(1, 4), repeats=2)
+    assert calls == [1, 1, 1, 4, 4]  # warmup, then two repeats per batch size
+    assert [b for b, _ in speed.steps_ms] == [1, 4]
+    assert [ms for _, ms in speed.steps_ms] == pytest.approx([60.0, 90.0])
+    assert speed.prefill_ms_per_token == pytest.approx(5.0)  # 0.5 s / 100 tokens, the fast repeat
