@@ -188,7 +188,6 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
     """Put restored KV into the radix tree under a lock of ours and return the lock (None when
     nothing was restored: the whole request is recomputed by its extend)."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
 
     req, n = inc.entry.req, inc.host_kv.num_tokens
     if n == 0:
@@ -196,15 +195,62 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
         return None
     tree = sched.tree_cache
     tokens = (req.origin_input_ids + req.output_ids)[:n]
-    key = RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
-    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (duplicates).
-    result = tree.insert(InsertParams(key=key, value=inc.slots.to(torch.int64), prev_prefix_len=0))
-    # The restored blocks become the request's eager mirror, so rotating it out again moves only
-    # new tokens. Where the tree kept its own copy of a prefix, the device bytes are the tree's,
-    # which we cannot vouch for: keep no mirror then.
-    engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=n if result.prefix_len == 0 else 0)
-    match = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)))
+    held, tree_slots = _tree_prefix(tree, _key(req, tokens))
+    if held and not same_kv(sched, tree_slots, inc.slots[:held]):
+        # The tree's copy of our prefix was computed by another request since we were rotated out
+        # (ours was evicted meanwhile) and differs in its bits. Lossless means the request reads
+        # its own bytes: it continues in a cache namespace of its own (SGLang's cache_salt).
+        req.cache_salt = private_cache_salt(req)
+    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes).
+    tree.insert(InsertParams(key=_key(req, tokens), value=inc.slots.to(torch.int64), prev_prefix_len=0))
+    # The restored blocks become the request's eager mirror (they equal what it reads now), so
+    # rotating it out again moves only new tokens.
+    engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=n)
+    match = tree.match_prefix(MatchPrefixParams(key=_key(req, tokens)))
     return tree.lock(match.last_device_node)
+
+
+PRIVATE_SALT_TAG = "superinfer-rotary:"
+
+
+def private_cache_salt(req: Any) -> str:
+    salt = req.cache_salt or ""
+    return salt if PRIVATE_SALT_TAG in salt else f"{salt}|{PRIVATE_SALT_TAG}{req.rid}"
+
+
+def _key(req: Any, tokens: list[int]) -> Any:
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return RadixKey(tokens, req.extra_key, cache_salt=req.cache_salt)
+
+
+def _tree_prefix(tree: Any, key: Any) -> tuple[int, torch.Tensor | None]:
+    """How many leading tokens of `key` the tree holds on the device, and their slots."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    match = tree.match_prefix(MatchPrefixParams(key=key))
+    held = int(match.device_prefix_len)
+    if held == 0:
+        return 0, None
+    try:
+        return held, tree.path_device_indices(match.last_device_node)[:held]
+    except NotImplementedError:  # a cache that cannot say where: treat its bytes as different
+        return held, None
+
+
+def same_kv(sched: Any, a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    """Whether two slot lists hold byte-identical KV in every layer (False when `a` is unknown)."""
+    if a is None or len(a) != len(b):
+        return False
+    kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
+    a, b = a.to(torch.int64), b.to(torch.int64)
+    if torch.equal(a, b):
+        return True
+    for layer in range(kvcache.layer_num):
+        for buf in kvcache.get_kv_buffer(layer + kvcache.start_layer):
+            if not torch.equal(buf[a].view(torch.uint8), buf[b].view(torch.uint8)):
+                return False
+    return True
 
 
 def prefetch(sched: Any, engine: RotationEngine, inc: Incoming) -> Prefetched | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import warnings
 
 import openai
 import pytest
@@ -133,8 +132,6 @@ def test_rotated_requests_equal_stock_alone(request: pytest.FixtureRequest, fixt
         assert delta('superinfer_prefetches_total{outcome="hit"}') > 0
     # KV bytes hashed at rotate-out equal the bytes the request reads after resuming.
     assert delta('superinfer_kv_verify_total{outcome="identical"}') > 0
-    changed = delta('superinfer_kv_verify_total{outcome="changed"}')
-    if changed:
-        # Seen once (1 of 65, overlap + mixed chunks) with every output token still identical;
-        # not yet explained, reported in docs/status.md rather than hidden.
-        warnings.warn(f"{changed:.0f} rotations re-admitted with KV bytes that differ from the saved ones")
+    # Lossless: every re-admitted request reads exactly the bytes it saved (a tree prefix recomputed
+    # by another request with other bits is not substituted: rotation.insert_restored).
+    assert delta('superinfer_kv_verify_total{outcome="changed"}') == 0

@@ -61,7 +61,7 @@ class FakeTree:
         return SimpleNamespace(prefix_len=0)
 
     def match_prefix(self, params: Any) -> Any:
-        return SimpleNamespace(last_device_node=tuple(params.key.token_ids))
+        return SimpleNamespace(last_device_node=tuple(params.key.token_ids), device_prefix_len=0)
 
     def lock(self, node: Any) -> Any:
         self.locked.append(node)
@@ -361,3 +361,48 @@ def test_resume_through_sglangs_own_allocator_and_radix_tree_evicting_a_cached_p
     assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
     h.rt._unlock_admitted([b])
     assert h.tree.protected_size() == 0 and h.tree.evictable_size() == 19
+
+
+def _resume_over_a_cached_prefix(monkeypatch: pytest.MonkeyPatch, same_bytes: bool) -> tuple[Harness, Req, int]:
+    """b is rotated out; meanwhile another request caches b's first 8 tokens in the tree, with KV
+    equal to b's own bytes or not (recomputed in another batch: equal tokens, other bits)."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    h = Harness(monkeypatch, pool=64, real_sglang=True)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    cached = h.alloc.alloc(8)
+    for i, buf in enumerate((*h.dev.k_buffers, *h.dev.v_buffers)):
+        buf[cached] = h.kv["b"][i][:8] + (0.0 if same_bytes else 1e-6)
+    h.tree.insert(InsertParams(key=RadixKey(b.origin_input_ids[:8]), value=cached, prev_prefix_len=0))
+    h.step(resume=("b",))
+    assert "b" not in h.rt.rotary and h.rt.resume_locks.keys() == {"b"}
+    return h, b, int(cached[0])
+
+
+@pytest.mark.parametrize("same_bytes", [True, False])
+def test_a_resumed_request_reads_its_own_kv_bytes_even_over_a_recomputed_tree_prefix(
+    monkeypatch: pytest.MonkeyPatch, same_bytes: bool
+) -> None:
+    """Lossless rotation: what b reads after resuming is exactly what it saved. A tree prefix with
+    identical bytes is shared as before; one whose bits differ is not used (b's cache namespace
+    becomes private), where it used to replace b's own bytes."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from superinfer_sgl.integration.rotation import PRIVATE_SALT_TAG
+
+    h, b, first_cached = _resume_over_a_cached_prefix(monkeypatch, same_bytes)
+    assert (b.cache_salt is None) is same_bytes
+    if not same_bytes:
+        assert PRIVATE_SALT_TAG in b.cache_salt
+    tokens = (b.origin_input_ids + b.output_ids)[:19]
+    match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, b.extra_key, cache_salt=b.cache_salt)))
+    assert match.device_prefix_len == 19  # what b's own prefill will match
+    slots = h.tree.path_device_indices(match.last_device_node)
+    assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
+    assert (int(slots[0]) == first_cached) is same_bytes  # shared only when byte-identical
+    assert h.engine.synced_tokens("b") == 19 // BT * BT  # its full restored blocks are its mirror, both cases
+    h.rt._unlock_admitted([b])
+    assert h.tree.protected_size() == 0
