@@ -196,9 +196,12 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
     tree = sched.tree_cache
     tokens = (req.origin_input_ids + req.output_ids)[:n]
     held, tree_slots = _tree_prefix(tree, _key(req, tokens))
-    if held and not same_kv(sched, tree_slots, inc.slots[:held]):
+    # Each TP rank holds other heads, so a byte comparison could come out differently per rank and
+    # split their radix trees: with TP > 1 any held prefix counts as different (same on every rank).
+    shared_ok = getattr(sched, "tp_size", 1) == 1 and same_kv(sched, tree_slots, inc.slots[:held])
+    if held and not shared_ok:
         # The tree's copy of our prefix was computed by another request since we were rotated out
-        # (ours was evicted meanwhile) and differs in its bits. Lossless means the request reads
+        # (ours was evicted meanwhile) and may differ in its bits. Lossless means the request reads
         # its own bytes: it continues in a cache namespace of its own (SGLang's cache_salt).
         req.cache_salt = private_cache_salt(req)
     # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes).

@@ -363,13 +363,15 @@ def test_resume_through_sglangs_own_allocator_and_radix_tree_evicting_a_cached_p
     assert h.tree.protected_size() == 0 and h.tree.evictable_size() == 19
 
 
-def _resume_over_a_cached_prefix(monkeypatch: pytest.MonkeyPatch, same_bytes: bool) -> tuple[Harness, Req, int]:
+def _resume_over_a_cached_prefix(monkeypatch: pytest.MonkeyPatch, same_bytes: bool,
+                                 tp_size: int = 1) -> tuple[Harness, Req, int]:
     """b is rotated out; meanwhile another request caches b's first 8 tokens in the tree, with KV
     equal to b's own bytes or not (recomputed in another batch: equal tokens, other bits)."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     h = Harness(monkeypatch, pool=64, real_sglang=True)
+    h.sched.tp_size = tp_size
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
     cached = h.alloc.alloc(8)
@@ -382,8 +384,9 @@ def _resume_over_a_cached_prefix(monkeypatch: pytest.MonkeyPatch, same_bytes: bo
 
 
 @pytest.mark.parametrize("same_bytes", [True, False])
+@pytest.mark.parametrize("tp_size", [1, 2])
 def test_a_resumed_request_reads_its_own_kv_bytes_even_over_a_recomputed_tree_prefix(
-    monkeypatch: pytest.MonkeyPatch, same_bytes: bool
+    monkeypatch: pytest.MonkeyPatch, same_bytes: bool, tp_size: int
 ) -> None:
     """Lossless rotation: what b reads after resuming is exactly what it saved. A tree prefix with
     identical bytes is shared as before; one whose bits differ is not used (b's cache namespace
@@ -393,16 +396,17 @@ def test_a_resumed_request_reads_its_own_kv_bytes_even_over_a_recomputed_tree_pr
 
     from superinfer_sgl.integration.rotation import PRIVATE_SALT_TAG
 
-    h, b, first_cached = _resume_over_a_cached_prefix(monkeypatch, same_bytes)
-    assert (b.cache_salt is None) is same_bytes
-    if not same_bytes:
+    h, b, first_cached = _resume_over_a_cached_prefix(monkeypatch, same_bytes, tp_size)
+    shared = same_bytes and tp_size == 1  # TP > 1 never shares (ranks could disagree on bytes)
+    assert (b.cache_salt is None) is shared
+    if not shared:
         assert PRIVATE_SALT_TAG in b.cache_salt
     tokens = (b.origin_input_ids + b.output_ids)[:19]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, b.extra_key, cache_salt=b.cache_salt)))
     assert match.device_prefix_len == 19  # what b's own prefill will match
     slots = h.tree.path_device_indices(match.last_device_node)
     assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
-    assert (int(slots[0]) == first_cached) is same_bytes  # shared only when byte-identical
+    assert (int(slots[0]) == first_cached) is shared  # shared only when byte-identical
     assert h.engine.synced_tokens("b") == 19 // BT * BT  # its full restored blocks are its mirror, both cases
     h.rt._unlock_admitted([b])
     assert h.tree.protected_size() == 0
