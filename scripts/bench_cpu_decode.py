@@ -18,7 +18,11 @@ Engines:
 - torch_native: stock `python -m sglang.launch_server --attention-backend torch_native`, with
   SUPERINFER_CPU_COMPAT=1 (our rotary fallback, needed on a CPU) and SUPERINFER_CPU_ATTENTION=0;
 - superinfer: the same command with SUPERINFER_CPU_ATTENTION=1 (our backend; checked live in
-  the server log);
+  the server log) and the CPU op patches that come with it (packed bf16 linear / lm_head, C
+  RMSNorm and rotary; what our launcher runs on CPU);
+- superinfer_attn: our attention only (SUPERINFER_CPU_FAST_OPS=0), to separate the two gains;
+- superinfer_t2 / superinfer_nooverlap: superinfer with OMP_NUM_THREADS=2 / with
+  --disable-overlap-schedule, for settings A/Bs in one run (not in the default set);
 - vllm: vLLM's OpenAI server from --vllm-python (its own venv; see docs/cpu_attention.md).
 
 Threads: --threads N sets OMP_NUM_THREADS=N for the SGLang servers (default 1: vLLM's CPU
@@ -52,7 +56,8 @@ import psutil
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("torch_native", "superinfer", "vllm")
+ENGINES = ("torch_native", "superinfer_attn", "superinfer", "superinfer_t2", "superinfer_nooverlap", "vllm")
+OURS = ("superinfer", "superinfer_attn", "superinfer_t2", "superinfer_nooverlap")
 ACTIVE_LINE = "superinfer cpu attention active"  # logged by SuperInferCpuAttnBackend.__init__
 
 
@@ -91,14 +96,19 @@ def server_cmd(args: argparse.Namespace, engine: str, port: int) -> tuple[list[s
                "--kv-cache-memory-bytes", str(args.vllm_kv_bytes), "--served-model-name", "model"]
         return cmd, env
     env["SUPERINFER_CPU_COMPAT"] = "1"
-    env["SUPERINFER_CPU_ATTENTION"] = "1" if engine == "superinfer" else "0"
+    env["SUPERINFER_CPU_ATTENTION"] = "1" if engine in OURS else "0"
+    env["SUPERINFER_CPU_FAST_OPS"] = "0" if engine == "superinfer_attn" else "1"
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+    if engine == "superinfer_t2":
+        env["OMP_NUM_THREADS"] = "2"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(args.model_path), "--port", str(port),
            "--device", "cpu", "--attention-backend", "torch_native", "--dtype", args.dtype,
            "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
            "--max-total-tokens", str(args.max_total_tokens), "--chunked-prefill-size", "4096",
            "--served-model-name", "model", "--sleep-on-idle", "--log-level", "info"]
+    if engine == "superinfer_nooverlap":
+        cmd.append("--disable-overlap-schedule")
     return cmd, env
 
 
@@ -130,7 +140,7 @@ def check_backend(server: Server) -> None:
     if server.engine == "vllm":
         return
     active = ACTIVE_LINE in server.log_path.read_text(errors="replace")
-    if active != (server.engine == "superinfer"):
+    if active != (server.engine in OURS):
         state = "active" if active else "not active (is the plugin wired?)"
         raise RuntimeError(f"{server.engine}: our CPU attention is {state}; see {server.log_path}")
 
@@ -245,7 +255,7 @@ def markdown(results: list[Result], meta: dict) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=["torch_native", "superinfer", "vllm"])
     p.add_argument("--model-path", type=Path, default=None, help="default: the prepared SmolLM2-135M-Instruct")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for SGLang servers; 0: leave unset")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .cpu_attention import cpu_attention_enabled
+from .cpu_attention import cpu_attention_enabled, cpu_fast_ops_enabled
 
 CPU_COMPAT_ENV = "SUPERINFER_CPU_COMPAT"
 CPU_ATTENTION_ENV = "SUPERINFER_CPU_ATTENTION"
@@ -35,6 +35,12 @@ def load() -> None:
         from superinfer_patches import cpu_attention_backend
 
         cpu_attention_backend.register()
+    if cpu_fast_ops_enabled():  # with the attention; SUPERINFER_CPU_FAST_OPS=0 leaves these out
+        from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu,
+                                        silu_and_mul_cpu)
+
+        for patch in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu, silu_and_mul_cpu):
+            patch.register()
     cfg = SuperInferConfig.from_env()
     if cfg is None:
         return

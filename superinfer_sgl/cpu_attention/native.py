@@ -54,21 +54,21 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _build_key(compiler: str) -> str:
+def _build_key(compiler: str, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes().decode(), " ".join(CFLAGS), version, _cpu_flags()):
+    for part in (source.read_bytes().decode(), " ".join(cflags), version, _cpu_flags()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build to a private name, then rename: concurrent builders (TP ranks) never see a partial file.
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
     try:
-        cmd = [compiler, *CFLAGS, "-o", str(partial), str(SOURCE), "-lm"]
+        cmd = [compiler, *cflags, "-o", str(partial), str(source), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
         if proc.returncode != 0:
             raise OSError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -93,23 +93,29 @@ def _declare(lib: ctypes.CDLL) -> None:
         ]
 
 
+def build_and_load(source: Path, cflags: tuple[str, ...], declare, what: str) -> ctypes.CDLL | None:
+    """Compile `source` (cached by content, flags, compiler and CPU), load it, declare its
+    entry points; None (with a warning naming `what` falls back) if any step fails."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        logger.warning("superinfer cpu: no C compiler found; using %s", what)
+        return None
+    try:
+        target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source, cflags)}.so"
+        if not target.exists():
+            _build(compiler, target, source, cflags)
+        lib = ctypes.CDLL(str(target))
+        declare(lib)
+        return lib
+    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+        logger.warning("superinfer cpu: %s unavailable (%s); using %s", source.name, exc, what)
+        return None
+
+
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, building it on first use; None if it cannot be built."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        logger.warning("superinfer cpu attention: no C compiler found; using the torch decode path")
-        return None
-    try:
-        target = _cache_dir() / f"paged_decode-{_build_key(compiler)}.so"
-        if not target.exists():
-            _build(compiler, target)
-        lib = ctypes.CDLL(str(target))
-        _declare(lib)
-        return lib
-    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
-        logger.warning("superinfer cpu attention: C kernel unavailable (%s); using the torch decode path", exc)
-        return None
+    return build_and_load(SOURCE, CFLAGS, _declare, "the torch decode path")
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

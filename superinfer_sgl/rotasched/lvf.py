@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from superinfer_sgl.rotasched.state import ReqState, ReqView
-from superinfer_sgl.rotasched.vlt import VltParams, vlt
+from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 # Scan order as sortable rows: (-VLT, arrival, rid, view); rids are unique, so views are
 # never compared.
@@ -54,9 +54,9 @@ def lvf_decide(
     assert free_blocks >= 0 and budget_blocks >= 0, (free_blocks, budget_blocks)
     assert len({v.rid for v in views}) == len(views), "duplicate rid in views"
     pending = [v for v in views if v.state is not _RUNNING]
-    if sum(v.blocks_needed for v in pending) <= free_blocks:
+    if sum([v.blocks_needed for v in pending]) <= free_blocks:  # a list sums faster than a genexpr
         return _fcfs(pending, budget_blocks)
-    return _contended(views, free_blocks, budget_blocks, now, params)
+    return _contended(views, pending, free_blocks, budget_blocks, now, params)
 
 
 def _fcfs(pending: list[ReqView], budget: int) -> Decision:
@@ -73,10 +73,15 @@ def _fcfs(pending: list[ReqView], budget: int) -> Decision:
 
 
 def _contended(
-    views: Sequence[ReqView], free: int, budget: int, now: float, params: VltParams
+    views: Sequence[ReqView],
+    waiting_rotary: list[ReqView],
+    free: int,
+    budget: int,
+    now: float,
+    params: VltParams,
 ) -> Decision:
     """Steps 2-5: head scan by VLT, rotate out from the tail, shrink if the tail falls short."""
-    pending, victims = _rank(views, now, params)
+    pending, victims = _rank(views, waiting_rotary, now, params)
     chosen, used = _head_scan(pending, free + budget, free, budget)
     out = _tail_scan(victims, used - free, budget)
     freed = sum(v.blocks_held for v in out)
@@ -93,20 +98,23 @@ def _contended(
     )
 
 
-def _rank(views: Sequence[ReqView], now: float, params: VltParams) -> tuple[_Ranked, _Ranked]:
+def _rank(
+    views: Sequence[ReqView], waiting_rotary: list[ReqView], now: float, params: VltParams
+) -> tuple[_Ranked, _Ranked]:
     """Step 2: sort by VLT descending, ties oldest arrival first, then rid.
 
-    Returns the head candidates (waiting/rotary) and the tail candidates (rotatable
-    running with VLT < 0), the latter in tail-first order (longest stint first).
+    Returns the head candidates (waiting/rotary: `waiting_rotary`, the non-running views)
+    and the tail candidates (rotatable running with VLT < 0), the latter in tail-first
+    order (longest stint first).
     """
-    pending: _Ranked = []
-    victims: _Ranked = []
-    for v in views:
-        lag = vlt(v, now, params)
-        if v.state is not _RUNNING:
-            pending.append((-lag, v.arrival, v.rid, v))
-        elif v.rotatable and lag < 0 and v.blocks_held > 0:
-            victims.append((-lag, v.arrival, v.rid, v))
+    pending = [
+        (-lag, v.arrival, v.rid, v)
+        for v, lag in zip(waiting_rotary, vlts(waiting_rotary, now, params))
+    ]
+    movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
+    victims = [
+        (-lag, v.arrival, v.rid, v) for v, lag in zip(movable, vlts(movable, now, params)) if lag < 0
+    ]
     pending.sort()
     victims.sort(reverse=True)
     return pending, victims
@@ -120,18 +128,20 @@ def _head_scan(pending: _Ranked, cap: int, free: int, budget: int) -> tuple[list
     Resumes also spend the inbound rotation budget.
     """
     chosen: list[ReqView] = []
+    add = chosen.append
     used = inbound = 0
+    left = cap  # cap - used, kept up to date: the common (VLT > 0) case reads it directly
     for neg_lag, _, _, view in pending:
         need = view.blocks_needed
-        room = cap - used if neg_lag < 0 else max(0, free - used)
-        if need > room:
+        if need > (left if neg_lag < 0 else max(0, free - used)):
             continue
         if view.state is _ROTARY:
             if inbound + need > budget:
                 continue
             inbound += need
-        chosen.append(view)
+        add(view)
         used += need
+        left -= need
     return chosen, used
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 class ReqState(enum.IntEnum):
@@ -19,9 +19,14 @@ class ReqState(enum.IntEnum):
     ROTARY = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ReqView:
-    """One request as LVF sees it. Times are seconds on the server's monotonic clock."""
+    """One request as LVF sees it. Times are seconds on the server's monotonic clock.
+
+    `__init__` is written out (the dataclass one, frozen, pays an `object.__setattr__` lookup
+    per field): same signature and defaults, same validation, still frozen. Views are built
+    for every request every iteration, so this is most of their cost.
+    """
 
     rid: str
     state: ReqState
@@ -34,8 +39,34 @@ class ReqView:
     blocks_held: int  # device blocks rotating it out would free and move; 0 unless RUNNING
     rotatable: bool = True  # False e.g. mid chunked prefill; only matters when RUNNING
 
+    def __init__(
+        self,
+        rid: str,
+        state: ReqState,
+        arrival: float,
+        last_token: float | None,
+        run_start: float | None,
+        ttft_slo: float,
+        tbt_slo: float,
+        blocks_needed: int,
+        blocks_held: int,
+        rotatable: bool = True,
+    ) -> None:
+        # Slot descriptors' setters (bound below the class): frozen stays frozen for others.
+        _set_rid(self, rid)
+        _set_state(self, state)
+        _set_arrival(self, arrival)
+        _set_last_token(self, last_token)
+        _set_run_start(self, run_start)
+        _set_ttft_slo(self, ttft_slo)
+        _set_tbt_slo(self, tbt_slo)
+        _set_blocks_needed(self, blocks_needed)
+        _set_blocks_held(self, blocks_held)
+        _set_rotatable(self, rotatable)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        running = self.state is ReqState.RUNNING
+        running = self.state is _RUNNING
         assert isinstance(self.rid, str) and self.rid, "rid must be a non-empty str"
         assert isinstance(self.state, ReqState), f"{self.rid}: state must be a ReqState"
         assert math.isfinite(self.arrival), f"{self.rid}: arrival must be finite"
@@ -49,6 +80,16 @@ class ReqView:
         assert running or self.blocks_held == 0, f"{self.rid}: only RUNNING holds blocks"
         # A rotary request was running past prefill, so its first token exists: the
         # rotary VLT is anchored on it.
-        assert self.state is not ReqState.ROTARY or self.last_token is not None, (
+        assert self.state is not _ROTARY or self.last_token is not None, (
             f"{self.rid}: ROTARY needs last_token"
         )
+
+
+_RUNNING, _ROTARY = ReqState.RUNNING, ReqState.ROTARY  # class attribute lookups are slow
+_setters = {f.name: ReqView.__dict__[f.name].__set__ for f in fields(ReqView)}
+_set_rid, _set_state, _set_arrival = _setters["rid"], _setters["state"], _setters["arrival"]
+_set_last_token, _set_run_start = _setters["last_token"], _setters["run_start"]
+_set_ttft_slo, _set_tbt_slo = _setters["ttft_slo"], _setters["tbt_slo"]
+_set_blocks_needed, _set_blocks_held = _setters["blocks_needed"], _setters["blocks_held"]
+_set_rotatable = _setters["rotatable"]
+assert len(_setters) == 10, "a new ReqView field must be set in ReqView.__init__"

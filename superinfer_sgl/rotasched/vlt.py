@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from superinfer_sgl.rotasched.state import ReqState, ReqView
@@ -30,11 +31,26 @@ class VltParams:
 
 def vlt(view: ReqView, now: float, params: VltParams) -> float:
     """VLT of one request at `now`: > 0 urgent, 0 within slack, < 0 running (stint length)."""
-    if view.state is _RUNNING:
-        return view.run_start - now  # type: ignore[operator]  # set iff RUNNING
-    if view.last_token is not None:
-        # Rotary, or waiting again after a recompute fallback: a user is already
-        # reading its output, so the TBT clock is the one that is ticking.
-        lag = now - view.last_token - params.beta_tbt * view.tbt_slo
-        return params.alpha * max(0.0, lag)
-    return max(0.0, now - view.arrival - params.beta_ttft * view.ttft_slo)
+    return vlts((view,), now, params)[0]
+
+
+def vlts(views: Iterable[ReqView], now: float, params: VltParams) -> list[float]:
+    """VLT of each view at `now`, in order: the one definition of VLT (`vlt` calls it).
+
+    One loop instead of a call per view: LVF ranks every request every iteration.
+    """
+    alpha, beta_ttft, beta_tbt = params.alpha, params.beta_ttft, params.beta_tbt
+    out: list[float] = []
+    append = out.append
+    for view in views:
+        if view.state is _RUNNING:
+            append(view.run_start - now)  # type: ignore[operator]  # set iff RUNNING
+        elif view.last_token is not None:
+            # Rotary, or waiting again after a recompute fallback: a user is already
+            # reading its output, so the TBT clock is the one that is ticking.
+            lag = now - view.last_token - beta_tbt * view.tbt_slo
+            append(alpha * lag if lag > 0.0 else 0.0)  # alpha * max(0, lag); alpha > 0
+        else:
+            lag = now - view.arrival - beta_ttft * view.ttft_slo
+            append(lag if lag > 0.0 else 0.0)  # max(0, lag)
+    return out

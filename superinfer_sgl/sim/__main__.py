@@ -108,8 +108,14 @@ def _speed(a: argparse.Namespace) -> None:
                      "loadavg": [round(x, 2) for x in os.getloadavg()]})
         print(f"{job.policy:26s} {r['wall_s']:6.2f} s wall {r['cpu_s']:6.2f} s CPU  {r['iterations']:6d} iterations  "
               f"{r['rotations_out']:7d} rotations", flush=True)
+    import datetime
+
     doc = {"profile": a.profile, "workload": "sharegpt-like, Poisson 20 req/s, 120 s, seed 0",
+           "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python -m superinfer_sgl.sim speed" + "".join(f" --policy {p}" for p in a.policy or []),
            "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+           "note": "cpu_s: process CPU time of one run (the target: < 10 s); wall_s depends on the "
+                   "shared machine's load (loadavg: 1/5/15-min load average after each run)",
            "rows": rows}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
 

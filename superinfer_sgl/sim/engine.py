@@ -23,6 +23,9 @@ from superinfer_sgl.sim.workload import Workload
 # SGLang's new-token ratio schedule (used only without ignore_eos): init 0.7, floor 0.7 * 0.14,
 # linear decay over 600 decode steps.
 _RATIO_INIT, _RATIO_MIN, _RATIO_STEPS = 0.7, 0.098, 600
+# Enum members as module constants: class attribute lookups are slow in the per-move paths.
+_P_WAITING, _P_RUNNING, _P_ROTARY = Phase.WAITING, Phase.RUNNING, Phase.ROTARY
+_S_WAITING, _S_RUNNING, _S_ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ class Simulator:
         self._done = 0
         self._out = self._in = 0.0  # bytes moved this iteration
         self._pruned = True
+        # Constants of the run, read on every move.
+        self._bt = self.config.block_tokens
+        self._host_cap = profile.server.host_kv_tokens
+        self._eager = self.engine.eager_sync
+        self._page = policy.page_tokens
 
     # ---- public ------------------------------------------------------------------------------
     @property
@@ -106,7 +114,7 @@ class Simulator:
         batch = self._admit(plan.admit)
         tokens, pairs = self._prefill(batch) if batch else (0, 0.0)
         decoding = self._decode() if not batch or self.config.mixed_chunk else []
-        context = sum(r.kv for r in decoding)
+        context = sum([r.kv for r in decoding])
         compute = self.profile.step.seconds(tokens, pairs, len(batch), len(decoding), context)
         xfer = self.engine.seconds(self._out, self._in)
         dt = plan.sched_s + (max(xfer, compute) if self.config.lookahead else xfer + compute)
@@ -161,7 +169,7 @@ class Simulator:
 
     def _prune_running(self) -> None:
         if not self._pruned:
-            self.running = [r for r in self.running if r.phase is Phase.RUNNING]
+            self.running = [r for r in self.running if r.phase is _P_RUNNING]
             self._pruned = True
 
     def retract(self, r: SimReq) -> None:
@@ -179,47 +187,50 @@ class Simulator:
 
     def move_out(self, r: SimReq) -> None:
         """Rotate (or swap) a running request's KV to host; recompute if the host pool is full."""
-        assert r.phase is Phase.RUNNING, (r.rid, r.phase)
-        blocks = -(-r.kv // self.config.block_tokens) * self.config.block_tokens
-        if self.host_used + blocks > self.profile.server.host_kv_tokens:
+        assert r.phase is _P_RUNNING, (r.rid, r.phase)
+        bt, kv = self._bt, r.kv
+        blocks = -(-kv // bt) * bt
+        if self.host_used + blocks > self._host_cap:
             self.stats.host_full_fallbacks += 1
             self.retract(r)
             return
-        synced = r.kv // self.config.block_tokens * self.config.block_tokens if self.engine.eager_sync else 0
-        self._out += (r.kv - synced) * self.kv_bytes
+        synced = kv // bt * bt if self._eager else 0
+        self._out += (kv - synced) * self.kv_bytes
         self._leave_running(r)
         self.host_used += blocks
-        r.host = r.kv
-        self._set(r, Phase.ROTARY, ReqState.ROTARY)
+        r.host = kv
+        self._set(r, _P_ROTARY, _S_ROTARY)
         r.rotations += 1
-        self.rotary[r.rid] = r
+        self.rotary[r.spec.rid] = r
         self.stats.rotations_out += 1
 
     def _move_in(self, r: SimReq) -> None:
-        if r.phase is not Phase.ROTARY:
+        if r.phase is not _P_ROTARY:
             return
-        need = self._page_round(r.host)
-        if need > self.free_tokens:
+        host, page, bt = r.host, self._page, self._bt
+        need = -(-host // page) * page
+        if need > self.capacity - self.used:
             return  # device memory cannot be had now: it stays rotary (runtime: resume fails)
-        self._in += r.host * self.kv_bytes
-        del self.rotary[r.rid]
-        self.host_used -= -(-r.host // self.config.block_tokens) * self.config.block_tokens
-        r.kv = r.host
+        self._in += host * self.kv_bytes
+        del self.rotary[r.spec.rid]
+        self.host_used -= -(-host // bt) * bt
+        r.kv = host
         self._alloc(r)
         self.stats.resumes += 1
         if self.policy.resume_to_running:
             self._join_running(r)
         else:  # our runtime: restored into the radix tree, re-admitted with a 1-token extend
-            self._set(r, Phase.WAITING, ReqState.WAITING)
+            self._set(r, _P_WAITING, _S_WAITING)
             self.waiting.append(r)
 
     # ---- batches -----------------------------------------------------------------------------
     def _page_round(self, tokens: int) -> int:
-        page = self.policy.page_tokens
+        page = self._page
         return -(-tokens // page) * page
 
     def _alloc(self, r: SimReq) -> None:
-        new = self._page_round(r.kv)
+        page = self._page
+        new = -(-r.kv // page) * page
         self.used += new - r.alloc
         r.alloc = new
         assert self.used <= self.capacity, f"{r.rid}: device KV over capacity ({self.used})"
@@ -240,14 +251,14 @@ class Simulator:
             chunk = None if chunk is None else chunk - ext
             budget -= ext
         for r in offered:
-            if r.phase is not Phase.WAITING:
+            if r.phase is not _P_WAITING:
                 continue
             if len(batch) >= slots:
                 break
             need = pol.admission_need(self, r)
             if need > room:
                 break
-            ext = r.extend
+            ext = r.spec.prompt_tokens + r.outputs - r.kv  # r.extend
             if chunk is not None and ext > chunk:
                 if chunk > 0:
                     batch.append((r, chunk))
@@ -281,16 +292,16 @@ class Simulator:
 
     def _decode(self) -> list[SimReq]:
         """One decode step for every running request; out of memory, the policy picks victims."""
-        page = self.policy.page_tokens
-        short = sum(page for r in self.running if r.kv + 1 > r.alloc) - self.free_tokens
+        page = self._page
+        short = sum([page for r in self.running if r.kv + 1 > r.alloc]) - self.free_tokens
         if short > 0:
             for v in self.policy.decode_victims(self, short):
                 (self.move_out if v.swap else self.retract)(v.req)
             self._prune_running()
             self._after_retraction()
         for r in self.running:
-            r.kv += 1
-            if r.kv > r.alloc:
+            kv = r.kv = r.kv + 1
+            if kv > r.alloc:
                 self._alloc(r)
         if self.engine.eager_sync:
             self.stats.eager_bytes += len(self.running) * self.kv_bytes
@@ -305,7 +316,7 @@ class Simulator:
 
     # ---- tokens ------------------------------------------------------------------------------
     def _join_running(self, r: SimReq) -> None:
-        self._set(r, Phase.RUNNING, ReqState.RUNNING)
+        self._set(r, _P_RUNNING, _S_RUNNING)
         self.running.append(r)
 
     def _emit(self, reqs: list[SimReq], joined: bool) -> None:
@@ -322,7 +333,7 @@ class Simulator:
             elif joined:
                 self._join_running(r)
         if finished:
-            self.running = [r for r in self.running if r.phase is Phase.RUNNING]
+            self.running = [r for r in self.running if r.phase is _P_RUNNING]
 
     def _finish(self, r: SimReq) -> None:
         self._set(r, Phase.FINISHED)

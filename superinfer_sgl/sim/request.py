@@ -37,6 +37,7 @@ class SimReq:
     rotations: int = 0
     recomputes: int = 0
     view: object = None  # a policy's cached view of it; the engine clears it on every move
+    slo_s: tuple[float, float] = (0.0, 0.0)  # (clock.slo.ttft_s, clock.slo.tbt_s), read once
 
     @property
     def rid(self) -> str:
@@ -64,4 +65,4 @@ def new_req(spec: RequestSpec) -> SimReq:
     slo = _SLOS.get(key)
     if slo is None:
         slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0)
-    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo))
+    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo), slo_s=(slo.ttft_s, slo.tbt_s))

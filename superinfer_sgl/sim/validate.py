@@ -22,6 +22,19 @@ from superinfer_sgl.sim.workload import RequestSpec, Workload
 # synchronous batched copies (integration/rotation.py: engine.save / engine.load, no eager sync).
 SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "lvf-batched"}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
+PAPER_BUDGET_BLOCKS = 2400  # integration/runtime.py's cap on the default rotation budget
+
+# What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
+MODEL_GAPS = (
+    "superinfer: the runtime's eager sync (default on) copies KV to host in the background, so a "
+    "rotate-out moves only the tail; lvf-batched moves the whole KV",
+    "superinfer: prefetch (default on) copies rotary KV back ahead of the resume; not modelled",
+    "superinfer: the runtime offers resumed requests first, then LVF's admissions in LVF's order, "
+    "then every other waiting request in arrival order (block-rounding fallback); the simulator "
+    "offers LVF's admissions, resumes and restored requests sorted by VLT, and nothing else",
+    "all systems: HTTP, tokenizer and detokenizer time and the overlap scheduler's CPU/GPU overlap "
+    "are only in the profile's fitted intercepts",
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,36 @@ def compare(measured: dict, simulated: dict) -> dict:
     return {"ttft_points": d_ttft, "joint_points": d_joint, "p50_ttft_rel": rel, "pass": ok}
 
 
+def _flag(cmd: list[str], name: str) -> str | None:
+    """The value of `name VALUE` or `name=VALUE` in a server command line, or None."""
+    for i, arg in enumerate(cmd):
+        if arg == name and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimConfig:
+    """The simulator settings that match how `system`'s server was launched.
+
+    Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
+    --no-mixed-resume (launch_server.prepare). Rotation budget: --rotation-budget-blocks, else the
+    runtime's default (RotaSchedRuntime._budget: an eighth of the pool in rotation blocks, at
+    most the paper's 2400, at least 1). Without the A/B's command lines: SimConfig's defaults.
+    """
+    cmd = [str(a) for a in (cfg.get("server_commands") or {}).get(system, [])]
+    if not cmd:
+        return SimConfig()  # an older A/B file without its command lines: the defaults
+    ours = "superinfer_sgl.launch_server" in cmd
+    mixed = "--enable-mixed-chunk" in cmd or (
+        ours and _flag(cmd, "--scheduler") != "sglang" and "--no-mixed-resume" not in cmd)
+    bt = int(_flag(cmd, "--rotary-block-tokens") or 16)
+    budget = _flag(cmd, "--rotation-budget-blocks")
+    blocks = int(budget) if budget is not None else max(1, min(PAPER_BUDGET_BLOCKS, kv_tokens // bt // 8))
+    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed)
+
+
 def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None) -> dict:
     ab_path = find_ab(ab_path)
     doc = json.loads(ab_path.read_text())
@@ -100,34 +143,89 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
                                chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
     mapping = {**SYSTEM_POLICY, **(policy_map or {})}
     rows = []
+    results = doc["results"]
     for pt in ab_points(doc):
-        policy = mapping.get(pt.system.split("#")[0])
+        # "sglang#2" is the harness's second stock server (the noise band): same policy.
+        policy = mapping.get(pt.system, mapping.get(pt.system.split("#")[0]))
         if policy is None:
             continue
-        sim = simulate(ab_workload(doc, ab_path, pt.index), prof, policy, SimConfig())
+        config = system_config(cfg, pt.system, policy, prof.server.kv_tokens)
+        sim = simulate(ab_workload(doc, ab_path, pt.index), prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
+        counters = next((p.get("counters") or {} for p in results[pt.system] if p["rate"] == pt.rate), {})
         rows.append({"system": pt.system, "policy": policy, "rate": pt.rate, "measured": measured,
                      "simulated": simulated, "delta": compare(measured, simulated),
+                     "mixed_chunk": config.mixed_chunk, "budget_blocks": config.budget_blocks,
+                     "measured_rotations": counters.get("rotations"),
                      "sim_rotations": sim["rotations_out"], "sim_retractions": sim["retractions"]})
+    twins = twin_agreement(doc)
+    for r in rows:
+        # A rate is judgeable when the stock server and its twin agree within the criterion: where
+        # two runs of the same server differ by more, no replay can pass against both.
+        r["judgeable"] = twins.get(r["rate"], {}).get("pass") if twins else None
+    judged = [r for r in rows if r["judgeable"]]
     return {"ab": str(ab_path), "profile": profile.name, "profile_path": profile.path,
             "kv_tokens": prof.server.kv_tokens, "chunked_prefill": prof.server.chunked_prefill_tokens,
             "criteria": {"attainment_points": ATTAINMENT_POINTS, "p50_ttft_rel": P50_TTFT_REL},
-            "rows": rows, "all_pass": bool(rows) and all(r["delta"]["pass"] for r in rows)}
+            "noise_band": doc.get("noise_band"), "twin_agreement": twins, "model_gaps": list(MODEL_GAPS),
+            "rows": rows, "all_pass": bool(rows) and all(r["delta"]["pass"] for r in rows),
+            "judgeable_pass": (bool(judged) and all(r["delta"]["pass"] for r in judged)) if twins else None}
+
+
+def twin_agreement(doc: dict) -> dict[float, dict]:
+    """Per rate, the stock server against its twin ("sglang" vs "sglang#2") under the same
+    criterion as the replay (twin as 'simulated'). Empty without a twin."""
+    results = doc.get("results", {})
+    twin = next((k for k in results if k.startswith("sglang#")), None)
+    if twin is None or "sglang" not in results:
+        return {}
+    base = {p["rate"]: p["summary"] for p in results["sglang"]}
+    out = {}
+    for p in results[twin]:
+        if p["rate"] not in base:
+            continue
+        a, b = _measured(base[p["rate"]]), _measured(p["summary"])
+        if None in (a["ttft_attainment"], b["ttft_attainment"], a["joint_attainment"], b["joint_attainment"]):
+            continue
+        out[float(p["rate"])] = compare(a, b)
+    return out
 
 
 def markdown(report: dict) -> str:
     lines = [f"Validation of {report['profile']} against {report['ab']} "
              f"(KV {report['kv_tokens']} tokens, chunked prefill {report['chunked_prefill']})", "",
-             "| system (policy) | rate | TTFT att. meas / sim | joint att. meas / sim | P50 TTFT s meas / sim | pass |",
-             "|---|---|---|---|---|---|"]
+             "| system (policy) | rate | TTFT att. meas / sim | joint att. meas / sim | P50 TTFT s meas / sim "
+             "| rotations meas / sim | pass |",
+             "|---|---|---|---|---|---|---|"]
     f = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     g = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    n = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     for r in report["rows"]:
         m, s = r["measured"], r["simulated"]
-        lines.append(f"| {r['system']} ({r['policy']}) | {r['rate']:g} | {f(m['ttft_attainment'])} / "
+        policy = r["policy"] + (", mixed chunk" if r.get("mixed_chunk") else "")
+        rot = f"{n(r.get('measured_rotations'))} / {r['sim_rotations']}" if r["policy"].startswith("lvf") else "-"
+        lines.append(f"| {r['system']} ({policy}) | {r['rate']:g} | {f(m['ttft_attainment'])} / "
                      f"{f(s['ttft_attainment'])} | {f(m['joint_attainment'])} / {f(s['joint_attainment'])} | "
-                     f"{g(m['p50_ttft_s'])} / {g(s['p50_ttft_s'])} | {'yes' if r['delta']['pass'] else 'NO'} |")
+                     f"{g(m['p50_ttft_s'])} / {g(s['p50_ttft_s'])} | {rot} | "
+                     f"{'yes' if r['delta']['pass'] else 'NO'} |")
     lines += ["", f"all pass: {report['all_pass']}"]
+    twins = report.get("twin_agreement") or {}
+    if twins:
+        lines += ["", "Stock server vs its twin (same criterion; a rate where they disagree cannot judge a replay):",
+                  "", "| rate | TTFT att. points | joint att. points | P50 TTFT rel. | twins agree |",
+                  "|---|---|---|---|---|"]
+        for rate, d in sorted(twins.items()):
+            rel = "-" if d["p50_ttft_rel"] is None else f"{100 * d['p50_ttft_rel']:+.0f}%"
+            lines.append(f"| {rate:g} | {d['ttft_points']:+.1f} | {d['joint_points']:+.1f} | {rel} | "
+                         f"{'yes' if d['pass'] else 'NO'} |")
+        lines += ["", f"pass at the rates where the twins agree: {report.get('judgeable_pass')}"]
+    band = report.get("noise_band") or {}
+    if band:
+        keys = [k for k in ("ttft_attainment", "joint_attainment", "p50_ttft_ms") if k in band]
+        lines += ["", "A/B noise band (largest |stock - stock twin| over rates): "
+                  + ", ".join(f"{k} {band[k]:.1f}" for k in keys)]
+    if report.get("model_gaps"):
+        lines += ["", "Not modelled:"] + [f"- {x}" for x in report["model_gaps"]]
     return "\n".join(lines) + "\n"
 
 

@@ -40,6 +40,15 @@ def _registered() -> dict[str, list[HookType]]:
     return {t: [kind for kind, _, _ in hooks] for t, hooks in HookRegistry._hooks.items() if hooks}
 
 
+def _fast_ops() -> dict[str, list[HookType]]:
+    """The CPU op patches registered with the CPU attention (SUPERINFER_CPU_FAST_OPS=0: none)."""
+    from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu,
+                                    silu_and_mul_cpu)
+
+    return {m.TARGET: [HookType.AROUND] for m in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu,
+                                                  rotary_forward_cpu, silu_and_mul_cpu)}
+
+
 def _integration_targets(cfg: SuperInferConfig) -> list[str]:
     return [t for t, _, _ in handshake.hooks(cfg, [])] + [t for t, _, _ in our_hooks.hooks(cfg)]
 
@@ -93,7 +102,7 @@ def test_cpu_compat_switches_on_cpu_attention(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     plugin.load()
     assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND],
-                             cpu_attention_backend.TARGET: [HookType.REPLACE]}
+                             cpu_attention_backend.TARGET: [HookType.REPLACE], **_fast_ops()}
     [(_, hook, _)] = HookRegistry._hooks[cpu_attention_backend.TARGET]
     assert hook is SuperInferCpuAttnBackend
     assert integration.INSTALLED == []
@@ -103,6 +112,15 @@ def test_cpu_attention_alone_without_compat(monkeypatch: pytest.MonkeyPatch) -> 
     from superinfer_patches import cpu_attention_backend
 
     monkeypatch.setenv(CPU_ATTENTION_ENV, "1")
+    plugin.load()
+    assert _registered() == {cpu_attention_backend.TARGET: [HookType.REPLACE], **_fast_ops()}
+
+
+def test_cpu_fast_ops_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from superinfer_patches import cpu_attention_backend
+
+    monkeypatch.setenv(CPU_ATTENTION_ENV, "1")
+    monkeypatch.setenv("SUPERINFER_CPU_FAST_OPS", "0")
     plugin.load()
     assert _registered() == {cpu_attention_backend.TARGET: [HookType.REPLACE]}
 

@@ -12,7 +12,7 @@ from superinfer_sgl.sim.__main__ import main
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.profile import resolve_profile
 from superinfer_sgl.sim.runner import simulate
-from superinfer_sgl.sim.validate import validate
+from superinfer_sgl.sim.validate import markdown, validate
 from superinfer_sgl.sim.workload import sharegpt_like
 
 POLICIES = ("sglang", "vllm-swap-waiting-first", "lvf-naive", "lvf-duplex", "oracle")
@@ -94,3 +94,29 @@ def test_validate_flags_disagreement(tmp_path: Path) -> None:
     report = validate(ab, resolve_profile("gh200-qwen2.5-32b"))
     bad = [r for r in report["rows"] if not r["delta"]["pass"]]
     assert [r["system"] for r in bad] == ["sglang"] and not report["all_pass"]
+
+
+def test_validate_maps_the_stock_twin_and_the_servers_flags(tmp_path: Path) -> None:
+    """The harness's second stock server ("sglang#2", the noise band) replays as sglang and is
+    reported under its own name; the superinfer server's flags (mixed chunk added by our launcher,
+    the runtime's default rotation budget) reach the simulator."""
+    ab = _fake_ab(tmp_path / "ab_fake")
+    doc = json.loads(ab.read_text())
+    doc["results"]["sglang#2"] = json.loads(json.dumps(doc["results"]["sglang"]))
+    doc["config"]["server_commands"] = {
+        "sglang": ["-m", "sglang.launch_server", "--max-total-tokens", "30000"],
+        "sglang#2": ["-m", "sglang.launch_server", "--max-total-tokens", "30000"],
+        "superinfer": ["-m", "superinfer_sgl.launch_server", "--scheduler", "rotasched"],
+    }
+    doc["noise_band"] = {"ttft_attainment": 54.0, "joint_attainment": 55.0, "p50_ttft_ms": 1.0}
+    ab.write_text(json.dumps(doc))
+    report = validate(ab, resolve_profile("gh200-qwen2.5-32b"))
+    rows = {r["system"]: r for r in report["rows"]}
+    assert set(rows) == {"sglang", "sglang#2", "superinfer"}
+    assert rows["sglang#2"]["policy"] == "sglang"
+    assert rows["sglang#2"]["simulated"] == rows["sglang"]["simulated"]
+    assert not rows["sglang"]["mixed_chunk"] and rows["superinfer"]["mixed_chunk"]
+    assert rows["superinfer"]["budget_blocks"] == 30000 // 16 // 8
+    text = markdown(report)
+    assert "| sglang#2 (sglang) |" in text and "noise band" in text and "mixed chunk" in text
+    assert report["twin_agreement"][4.0]["pass"] and "twins agree" in text

@@ -50,16 +50,21 @@ class Policy:
     # ---- admission (SGLang PrefillAdder, conservative) ----------------------------------------
     def reserve(self, sim: Simulator, r: SimReq) -> float:
         """Decode tokens kept back for a running request (ratio 1 with ignore_eos)."""
-        return min(r.remaining, CLIP_MAX_NEW_TOKENS) * sim.new_token_ratio
+        left = r.spec.output_tokens - r.outputs  # min(r.remaining, CLIP_MAX_NEW_TOKENS)
+        return (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * sim.new_token_ratio
 
     def admission_room(self, sim: Simulator) -> float:
-        held = sum(self.reserve(sim, r) for r in sim.running)
+        reserve = self.reserve
+        held = sum([reserve(sim, r) for r in sim.running])
         if sim.chunked is not None:
-            held += self.reserve(sim, sim.chunked)
+            held += reserve(sim, sim.chunked)
         return sim.free_tokens - held
 
     def admission_need(self, sim: Simulator, r: SimReq) -> float:
-        return r.extend + min(r.remaining, CLIP_MAX_NEW_TOKENS)
+        spec, outputs = r.spec, r.outputs
+        left = spec.output_tokens - outputs  # r.remaining
+        # r.extend + min(r.remaining, CLIP_MAX_NEW_TOKENS)
+        return spec.prompt_tokens + outputs - r.kv + (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
 
     def max_running(self, sim: Simulator) -> int:
         return sim.profile.server.max_running_requests

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from superinfer_sgl.rotasched import Decision, ReqState, ReqView, lvf_decide, vlt
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView, lvf_decide
+from superinfer_sgl.rotasched.vlt import vlts
 from superinfer_sgl.sim.policies.base import CLIP_MAX_NEW_TOKENS, Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
@@ -34,58 +35,78 @@ class RotaSched(Policy):
         self.name = f"lvf-{transfer}" + ("-direct" if direct_resume else "")
         self.last_decision: Decision | None = None
         self._short: bool | None = None
+        self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
 
     def plan(self, sim: Simulator) -> Plan:
         cfg, now = sim.config, sim.now
-        views, by_rid = self._views(sim)
+        views = self._views(sim)
         free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
         d = lvf_decide(views, free, cfg.budget_blocks, now, cfg.vlt)
         self.last_decision = d
+        by_rid = self._by_rid
+        if by_rid is None:
+            by_rid = self._by_rid = {r.spec.rid: r for r in sim.reqs}
         out = [by_rid[rid] for rid in d.rotate_out]
         resume = [sim.rotary[rid] for rid in d.resume]
         chosen = set(d.admit)
         # Offered to the PrefillAdder: LVF's admissions, its resumes, and earlier resumes whose
         # restored KV (kv > 0) still waits for admission (the runtime's resume_locks), by VLT.
-        order = [r for r in sim.waiting if r.rid in chosen or r.kv > 0] + resume
-        order.sort(key=lambda r: (-vlt(r.view, now, cfg.vlt), r.spec.arrival))  # type: ignore[arg-type]
+        order = [r for r in sim.waiting if r.kv > 0 or r.spec.rid in chosen] + resume
+        if len(order) > 1:
+            lags = vlts([r.view for r in order], now, cfg.vlt)  # type: ignore[misc]
+            keys = {id(r): (-lag, r.spec.arrival) for r, lag in zip(order, lags)}
+            order.sort(key=lambda r: keys[id(r)])
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
         return Plan(admit=order, rotate_out=out, resume=resume, sched_s=sched)
 
     # ---- views (runtime._views) --------------------------------------------------------------
     def _running_reserve(self, sim: Simulator) -> float:
-        ratio = sim.new_token_ratio
-        held = sum(_reserve(r, ratio) for r in sim.running)
+        ratio, clip = sim.new_token_ratio, CLIP_MAX_NEW_TOKENS
+        # sum of _reserve(r, ratio), inlined: this runs over the running batch every iteration
+        held = sum([((left if (left := r.spec.output_tokens - r.outputs) < clip else clip) * ratio)
+                    for r in sim.running])
         return held + (_reserve(sim.chunked, ratio) if sim.chunked is not None else 0.0)
 
-    def _views(self, sim: Simulator) -> tuple[list[ReqView], dict[str, SimReq]]:
+    def _views(self, sim: Simulator) -> list[ReqView]:
         """The engine clears a request's cached view whenever it moves. While it stays put its
         blocks only change with SGLang's new-token ratio (or past the 4096-token reserve clip),
-        so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked."""
+        so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked; and a
+        running request, once rotatable, stays rotatable until it moves (its outputs and the
+        iteration only grow, its prefill iteration and stint start are fixed)."""
         bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
         exact = ratio == 1.0 and self._short_outputs(sim)
         young = sim.now - sim.config.min_stint_s  # what-if quantum; 0 s: the runtime's rule
-        views, by_rid = [], {}
+        views: list[ReqView] = []
+        add = views.append
         for r in sim.running:
+            v = r.view
+            if exact and v is not None and v.rotatable:  # type: ignore[attr-defined]
+                add(v)  # type: ignore[arg-type]
+                continue
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
-            v = r.view
             if v is None or v.rotatable is not rotatable or not exact:  # type: ignore[attr-defined]
                 held = -(-(r.ctx + _reserve(r, ratio)) // bt)
                 if v is None or v.rotatable is not rotatable or v.blocks_held != held:  # type: ignore[attr-defined]
                     v = r.view = _make_view(r, _RUNNING, 0, held, rotatable)
-            views.append(v)
-            by_rid[r.rid] = r
-        for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
-            v = r.view
-            if v is None or not exact:
-                v = _pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt)
-            views.append(v)
-        for r in sim.rotary.values():
-            v = r.view
-            if v is None or not exact:
-                v = _pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt)
-            views.append(v)
-        return views, by_rid  # type: ignore[return-value]
+            add(v)  # type: ignore[arg-type]
+        if exact:
+            for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
+                v = r.view
+                if v is None:
+                    v = _pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt)
+                add(v)  # type: ignore[arg-type]
+            for r in sim.rotary.values():
+                v = r.view
+                if v is None:
+                    v = _pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt)
+                add(v)  # type: ignore[arg-type]
+        else:
+            for r in sim.waiting:
+                add(_pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt))
+            for r in sim.rotary.values():
+                add(_pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt))
+        return views
 
     def _short_outputs(self, sim: Simulator) -> bool:
         if self._short is None:
@@ -114,9 +135,8 @@ def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool
     """runtime._view. A cached RUNNING view keeps the last_token it was built with: LVF reads
     last_token only for non-running requests."""
     c = r.clock
-    return ReqView(
-        rid=r.rid, state=state, arrival=c.arrival, last_token=c.last_token,
-        run_start=c.run_start if state is _RUNNING else None,
-        ttft_slo=c.slo.ttft_s, tbt_slo=c.slo.tbt_s,
-        blocks_needed=need, blocks_held=held, rotatable=rotatable,
-    )
+    # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,
+    # tbt_slo, blocks_needed, blocks_held, rotatable): keywords cost ~0.4 us per view.
+    return ReqView(r.spec.rid, state, c.arrival, c.last_token,
+                   c.run_start if state is _RUNNING else None,
+                   r.slo_s[0], r.slo_s[1], need, held, rotatable)
