@@ -49,15 +49,16 @@ def _cpu_flags() -> str:
             for line in f:
                 if line.startswith("flags"):
                     return line
-    except OSError:
-        pass
+    except OSError:  # no /proc/cpuinfo (not Linux): the key then leaves the CPU out
+        return ""
     return ""
 
 
 def _build_key(compiler: str, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h = hashlib.sha256()
-    for part in (source.read_bytes().decode(), " ".join(cflags), version, _cpu_flags()):
+    headers = [p.read_bytes().decode() for p in sorted(source.parent.glob("*.h"))]  # e.g. bf16.h
+    for part in (source.read_bytes().decode(), *headers, " ".join(cflags), version, _cpu_flags()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 

@@ -16,19 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } x;
-    x.u = ((uint32_t)h) << 16;
-    return x.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } x;
-    x.f = f;
-    if ((x.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x.u >> 16) | 0x40u); /* NaN */
-    x.u += 0x7fffu + ((x.u >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(x.u >> 16);
-}
+#include "bf16.h"
 
 static inline float rbf(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 

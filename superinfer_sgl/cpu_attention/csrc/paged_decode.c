@@ -28,19 +28,7 @@ static inline void prefetch_row(const void *p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 1);
 }
 
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } x;
-    x.u = ((uint32_t)h) << 16;
-    return x.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } x;
-    x.f = f;
-    if ((x.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x.u >> 16) | 0x40u); /* NaN */
-    x.u += 0x7fffu + ((x.u >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(x.u >> 16);
-}
+#include "bf16.h"
 
 /* q . k over d < D. The hot loop of the score pass: with AVX-512 one fused multiply-add chain
  * and one tree reduction per dot product (the auto-vectorised loop reduced lane by lane). */
