@@ -10,9 +10,15 @@ ignore_eos, greedy):
 and times the server's own CPU rotation path (duplexkv.RotationEngine, transfer "torch") for the
 model's KV shape at a few sizes -> the link model. Fits by least squares; keeps the raw points.
 
+Then the whole cost of a rotation as the server pays it (step.per_resume_s): two RotaSched servers
+side by side, one forcing a rotation every few iterations (SUPERINFER_TEST_ROTATE_INTERVAL), run
+the same batch of identical requests in alternation; (forced - plain wall time) / rotations, less
+what the simulator already charges for the resume's one-token extend.
+
 Usage: python scripts/profile_cpu_server.py [--out profiles/cpu-smollm2-135m.json] [--port 31234]
-       [--max-total-tokens 16384] [--quick]
-Takes about 2-4 minutes on a 2-core machine (server start included).
+       [--max-total-tokens 16384] [--quick] [--resume-only]
+Takes about 4-6 minutes on a 2-core machine (server starts included); --resume-only re-measures
+only the rotation cost into an existing profile (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -47,12 +53,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, max_total_tokens: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "superinfer_sgl.launch_server", "--scheduler", "sglang",
+def start_server(port: int, max_total_tokens: int, log: Path, scheduler: str = "sglang",
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "superinfer_sgl.launch_server", "--scheduler", scheduler,
            "--port", str(port), "--max-total-tokens", str(max_total_tokens)]
-    print("starting:", " ".join(cmd), flush=True)
+    print("starting:", " ".join(cmd), env or "", flush=True)
     return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **(env or {})})
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
@@ -117,6 +124,55 @@ def measure_decode(base: str, batch: int, ctx: int, new_tokens: int, skip: int =
             "step_low_s": low(gaps)}
 
 
+def run_batch(base: str, batch: int, ctx: int, new_tokens: int) -> tuple[float, int]:
+    """`batch` identical-length requests at once; (wall seconds, rotations they went through)."""
+    def one(i: int) -> int:
+        rng = random.Random(7919 * i + ctx)
+        body = {"input_ids": [rng.randint(*VOCAB_SAFE) for _ in range(ctx)],
+                "sampling_params": {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0}}
+        resp = requests.post(base + "/generate", json=body, timeout=600)
+        resp.raise_for_status()
+        return int(resp.json()["meta_info"].get("superinfer", {}).get("superinfer_rotations", 0))
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(batch) as pool:
+        rotations = sum(pool.map(one, range(batch)))
+    return time.perf_counter() - t0, rotations
+
+
+def measure_resume(max_total_tokens: int, reps: int, every: int = 4, batch: int = 8, ctx: int = 128,
+                   new_tokens: int = 96) -> dict:
+    """Extra server time per rotation (out + resume through a one-token mixed extend)."""
+    servers = {}
+    try:
+        for name, env in (("plain", {}), ("forced", {"SUPERINFER_TEST_ROTATE_INTERVAL": str(every)})):
+            port = free_port()
+            log = REPO / "results" / f"sim_cpu_profile_resume_{name}.log"
+            servers[name] = (f"http://127.0.0.1:{port}", start_server(port, max_total_tokens, log, "rotasched", env))
+        for base, proc in servers.values():
+            wait_ready(base, proc)
+            run_batch(base, batch, ctx, 8)  # warm-up
+        runs: dict[str, list[tuple[float, int]]] = {"plain": [], "forced": []}
+        for _ in range(reps):  # alternate, so both see the same machine state
+            for name, (base, _proc) in servers.items():
+                runs[name].append(run_batch(base, batch, ctx, new_tokens))
+        print("resume runs (s, rotations):", runs, flush=True)
+    finally:
+        for _base, proc in servers.values():
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=60)
+    plain = statistics.median(t for t, _ in runs["plain"])
+    forced = statistics.median(t for t, _ in runs["forced"])
+    rotations = statistics.median(n for _, n in runs["forced"])
+    assert rotations > 0, "the forced server did not rotate"
+    per = (forced - plain) / rotations
+    print(f"rotation cost: {per * 1000:.1f} ms per rotation ({rotations} per run, "
+          f"plain {plain:.2f} s, forced {forced:.2f} s)", flush=True)
+    return {"batch": batch, "prompt_tokens": ctx, "new_tokens": new_tokens, "rotate_every": every,
+            "runs": runs, "plain_s": plain, "forced_s": forced, "rotations": rotations,
+            "per_rotation_s": per}
+
+
 def fit_step(prefill: list[dict], decode: list[dict], stat: str = "median") -> dict:
     """Least squares: decode t = base + e*B + f*C; prefill t = a + b*L + c*L^2 (a >= base).
     stat "median" fits typical times; "low" the least-contended ones (min / 10th percentile)."""
@@ -137,7 +193,21 @@ def fit_step(prefill: list[dict], decode: list[dict], stat: str = "median") -> d
         "per_context_token_s": clamp(per_ctx),
         "per_prefill_pair_s": clamp(2.0 * c),  # pairs of one prompt alone = L^2 / 2
         "per_prefill_req_s": 0.0,
+        "per_resume_s": 0.0,
     }
+
+
+RESUME_ASSUMPTION = (
+    "per_resume_s = extra wall time per forced rotation of a RotaSched server (mixed resume on) over "
+    "the same batch without rotations, less the resume's one-token extend: the scheduler's "
+    "rotate-out, restore and re-admission work and the slower mixed iteration")
+
+
+def resume_cost(step: dict, resume: dict) -> float:
+    """step.per_resume_s: the measured cost per rotation, less the one-token extend the simulator
+    already charges the resume's (mixed) iteration."""
+    return max(0.0, resume["per_rotation_s"] - step["per_prefill_token_s"]
+               - step["per_prefill_pair_s"] * (resume["prompt_tokens"] + resume["new_tokens"] / 2))
 
 
 def model_shape() -> dict:
@@ -203,6 +273,7 @@ def build_profile(shape: dict, step: dict, link: list[dict], raw: dict, max_tota
             "rotation = RotationEngine 'torch' path on CPU (what the server uses), one direction at "
             "a time (duplex: none); segment = one layer's K (or V) of the moved tokens",
             "kv_tokens = the --max-total-tokens of the profiling run; replays override it",
+            RESUME_ASSUMPTION,
         ],
         "model": {"name": shape["name"], "layers": shape["layers"],
                   "kv_bytes_per_token": shape["kv_bytes_per_token"]},
@@ -228,7 +299,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
     ap.add_argument("--stat", choices=("median", "low"), default="median",
                     help="fit typical (median) or least-contended (min / p10) times")
+    ap.add_argument("--resume-only", action="store_true",
+                    help="re-measure only step.per_resume_s into the existing --out profile")
     args = ap.parse_args()
+    reps = 2 if args.quick else 5
+    if args.resume_only:
+        profile = json.loads(args.out.read_text())
+        resume = measure_resume(args.max_total_tokens, reps)
+        resume["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        resume["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        profile["step"]["per_resume_s"] = resume_cost(profile["step"], resume)
+        profile["measurements"]["resume"] = resume
+        if RESUME_ASSUMPTION not in profile["assumptions"]:
+            profile["assumptions"].append(RESUME_ASSUMPTION)
+        args.out.write_text(json.dumps(profile, indent=1) + "\n")
+        print("wrote", args.out, "per_resume_s:", profile["step"]["per_resume_s"])
+        return
     port = args.port or free_port()
     base = f"http://127.0.0.1:{port}"
     lengths = [32, 256, 1024] if args.quick else [32, 128, 256, 512, 1024]
@@ -255,13 +341,15 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
+    raw["resume"] = measure_resume(args.max_total_tokens, reps)
     shape = model_shape()
     raw["link"] = measure_link(shape, [64, 512, 2048])
     raw["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     raw["fit_stat"] = args.stat
     raw["fit_low"] = fit_step(raw["prefill"], raw["decode"], "low")
-    profile = build_profile(shape, fit_step(raw["prefill"], raw["decode"], args.stat), raw["link"], raw,
-                            args.max_total_tokens)
+    step = fit_step(raw["prefill"], raw["decode"], args.stat)
+    step["per_resume_s"] = resume_cost(step, raw["resume"])
+    profile = build_profile(shape, step, raw["link"], raw, args.max_total_tokens)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(profile, indent=1) + "\n")
     print("wrote", args.out, "\nstep fit:", json.dumps(profile["step"]))

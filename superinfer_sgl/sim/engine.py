@@ -67,10 +67,11 @@ class Simulator:
                  config: SimConfig | None = None) -> None:
         self.workload, self.profile, self.policy = workload, profile, policy
         self.config = config or SimConfig()
-        self.reqs = [new_req(s) for s in workload.requests]
+        self.reqs = [new_req(s, policy.prefix_cache) for s in workload.requests]
         self.engine = make_engine(policy.transfer, profile.link, profile.model, self.config.block_tokens)
         self.kv_bytes = profile.model.kv_bytes_per_token
-        self.capacity = profile.server.kv_tokens
+        # The radix cache holds the shared prompt prefix once, outside every request's allocation.
+        self.capacity = profile.server.kv_tokens - max([r.shared for r in self.reqs], default=0)
         self.waiting: list[SimReq] = []
         self.running: list[SimReq] = []
         self.rotary: dict[str, SimReq] = {}  # in rotate-out order
@@ -112,10 +113,15 @@ class Simulator:
         plan = self.policy.plan(self)
         self._apply(plan)
         batch = self._admit(plan.admit)
-        tokens, pairs = self._prefill(batch) if batch else (0, 0.0)
+        tokens, pairs, restored = self._prefill(batch) if batch else (0, 0.0, 0)
         decoding = self._decode() if not batch or self.config.mixed_chunk else []
+        if batch and decoding:
+            self._mark_mixed(decoding)
         context = sum([r.kv for r in decoding])
-        compute = self.profile.step.seconds(tokens, pairs, len(batch), len(decoding), context)
+        step = self.profile.step
+        compute = step.seconds(tokens, pairs, len(batch), len(decoding), context)
+        if restored:
+            compute += step.per_resume_s * restored
         xfer = self.engine.seconds(self._out, self._in)
         dt = plan.sched_s + (max(xfer, compute) if self.config.lookahead else xfer + compute)
         if dt <= 0.0:
@@ -176,7 +182,7 @@ class Simulator:
         """Free a running request's KV; it waits to be recomputed (SGLang retract, vLLM recompute)."""
         assert r.phase is Phase.RUNNING, (r.rid, r.phase)
         self._leave_running(r)
-        r.kv = r.host = 0
+        r.kv, r.host = r.shared, 0
         self._set(r, Phase.WAITING, ReqState.WAITING)
         r.recomputes += 1
         self.stats.retractions += 1
@@ -220,6 +226,7 @@ class Simulator:
         if self.policy.resume_to_running:
             self._join_running(r)
         else:  # our runtime: restored into the radix tree, re-admitted with a 1-token extend
+            r.restored = True
             self._set(r, _P_WAITING, _S_WAITING)
             self.waiting.append(r)
 
@@ -230,7 +237,7 @@ class Simulator:
 
     def _alloc(self, r: SimReq) -> None:
         page = self._page
-        new = -(-r.kv // page) * page
+        new = -(-(r.kv - r.shared) // page) * page
         self.used += new - r.alloc
         r.alloc = new
         assert self.used <= self.capacity, f"{r.rid}: device KV over capacity ({self.used})"
@@ -274,8 +281,9 @@ class Simulator:
             self.waiting = [r for r in self.waiting if id(r) not in taken]
         return batch
 
-    def _prefill(self, batch: list[tuple[SimReq, int]]) -> tuple[int, float]:
-        tokens, pairs = 0, 0.0
+    def _prefill(self, batch: list[tuple[SimReq, int]]) -> tuple[int, float, int]:
+        """Extend the batch; returns (tokens, attention pairs, restored requests re-admitted)."""
+        tokens, pairs, restored = 0, 0.0, 0
         self.chunked = None
         for r, ext in batch:
             pairs += ext * (r.kv + ext / 2.0)
@@ -283,17 +291,28 @@ class Simulator:
             r.kv += ext
             self._alloc(r)
             r.prefill_iter = self.iteration
+            if r.restored:
+                r.restored = False
+                restored += 1
             if r.kv < r.ctx:
                 self._set(r, Phase.PREFILL)
                 self.chunked = r
         if self.engine.eager_sync:
             self.stats.eager_bytes += tokens * self.kv_bytes
-        return tokens, pairs
+        return tokens, pairs, restored
+
+    def _mark_mixed(self, decoding: list[SimReq]) -> None:
+        """A mixed chunk is one extend batch: its decoding requests count as prefilled by it (the
+        runtime does not rotate a request of an extend batch still in flight: runtime._rotatable)."""
+        it = self.iteration
+        for r in decoding:
+            r.prefill_iter = it
+            r.view = None
 
     def _decode(self) -> list[SimReq]:
         """One decode step for every running request; out of memory, the policy picks victims."""
         page = self._page
-        short = sum([page for r in self.running if r.kv + 1 > r.alloc]) - self.free_tokens
+        short = sum([page for r in self.running if r.kv - r.shared + 1 > r.alloc]) - self.free_tokens
         if short > 0:
             for v in self.policy.decode_victims(self, short):
                 (self.move_out if v.swap else self.retract)(v.req)
@@ -301,7 +320,7 @@ class Simulator:
             self._after_retraction()
         for r in self.running:
             kv = r.kv = r.kv + 1
-            if kv > r.alloc:
+            if kv - r.shared > r.alloc:
                 self._alloc(r)
         if self.engine.eager_sync:
             self.stats.eager_bytes += len(self.running) * self.kv_bytes

@@ -56,6 +56,8 @@ class StepModel:
     P prefill tokens, R prefill requests, Q attention pairs of the prefill
     (sum of extend x (prefix + extend/2)), B decoding requests, C their context tokens.
     `floor` is the weight-read time of a memory-bound step (roofline); 0 for a fitted linear model.
+    The simulator adds per_resume_s for each resumed request re-admitted through the radix tree
+    (our runtime's resume path): the server's rotation work beyond the copies and the extend.
     """
 
     base_s: float
@@ -66,6 +68,7 @@ class StepModel:
     per_context_token_s: float = 0.0
     per_prefill_pair_s: float = 0.0
     per_prefill_req_s: float = 0.0
+    per_resume_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -24,7 +24,8 @@ class Phase(enum.IntEnum):
 @dataclass(slots=True, eq=False)
 class SimReq:
     """Token bookkeeping. Invariant while RUNNING: kv == ctx - 1 (the last output token is the
-    next decode input; its KV is written by that decode step)."""
+    next decode input; its KV is written by that decode step). kv counts the shared prefix; alloc
+    does not (the prefix is held once, by the radix cache)."""
 
     spec: RequestSpec
     clock: ReqClock  # the server's own per-request clock (rotasched.timing): VLT reads it
@@ -34,6 +35,8 @@ class SimReq:
     alloc: int = 0  # device tokens allocated: kv rounded up to the policy's page size
     host: int = 0  # tokens with a copy on host (rotary KV, or DuplexKV's eager copy after a resume)
     prefill_iter: int = -1  # iteration of its last prefill step
+    shared: int = 0  # leading tokens read from the radix cache's shared prefix: never allocated
+    restored: bool = False  # resumed into the radix tree, waiting for its one-token re-admission
     rotations: int = 0
     recomputes: int = 0
     view: object = None  # a policy's cached view of it; the engine clears it on every move
@@ -60,9 +63,13 @@ class SimReq:
 _SLOS: dict[tuple[float, float], Slo] = {}
 
 
-def new_req(spec: RequestSpec) -> SimReq:
+def new_req(spec: RequestSpec, prefix_cache: bool = True) -> SimReq:
+    """`prefix_cache`: the server reuses spec.cached_tokens from its prefix cache (SGLang's radix
+    tree); without one (vLLM V0's default) every prompt token is computed and allocated."""
     key = (spec.ttft_slo, spec.tbt_slo)
     slo = _SLOS.get(key)
     if slo is None:
         slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0)
-    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo), slo_s=(slo.ttft_s, slo.tbt_s))
+    shared = spec.cached_tokens if prefix_cache else 0
+    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo), kv=shared, shared=shared,
+                  slo_s=(slo.ttft_s, slo.tbt_s))

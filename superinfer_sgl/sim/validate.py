@@ -9,7 +9,9 @@ rate, TTFT and joint attainment within 10 points of the measurement and P50 TTFT
 
 from __future__ import annotations
 
+import bisect
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,22 +20,23 @@ from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
 from superinfer_sgl.sim.workload import RequestSpec, Workload
 
-# A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF with
-# synchronous batched copies (integration/rotation.py: engine.save / engine.load, no eager sync).
-SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "lvf-batched"}
+# A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF over the
+# rotation engine's one call per step for both directions, with eager sync (its defaults).
+SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "lvf-duplex"}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
 PAPER_BUDGET_BLOCKS = 2400  # integration/runtime.py's cap on the default rotation budget
 
 # What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
 MODEL_GAPS = (
-    "superinfer: the runtime's eager sync (default on) copies KV to host in the background, so a "
-    "rotate-out moves only the tail; lvf-batched moves the whole KV",
-    "superinfer: prefetch (default on) copies rotary KV back ahead of the resume; not modelled",
-    "superinfer: the runtime offers resumed requests first, then LVF's admissions in LVF's order, "
-    "then every other waiting request in arrival order (block-rounding fallback); the simulator "
-    "offers LVF's admissions, resumes and restored requests sorted by VLT, and nothing else",
+    "superinfer: prefetch (default on) copies rotary KV back one step ahead of the resume; the "
+    "replay charges the copy in the resume's own step (on CPU a copy is ~1 ms: small either way)",
+    "superinfer: the server's own work per rotation (rotate-out, restore into the radix tree, "
+    "re-admission, the slower mixed iteration) is one measured constant (profile step.per_resume_s), "
+    "not a function of the batch",
     "all systems: HTTP, tokenizer and detokenizer time and the overlap scheduler's CPU/GPU overlap "
     "are only in the profile's fitted intercepts",
+    "all systems: the shared prompt prefix stays in the radix cache (never evicted) and is allocated "
+    "once; prefixes shared beyond it are reused only as far as the first request's tokens go",
 )
 
 
@@ -57,20 +60,67 @@ def find_ab(path: Path) -> Path:
     raise FileNotFoundError(f"no A/B results at {path} (nor {path.parent}/{path.stem}*/ab.json)")
 
 
-def ab_workload(doc: dict, ab_path: Path, index: int) -> Workload:
+def ab_workload(doc: dict, ab_path: Path, index: int,
+                prompt_ids: Sequence[Sequence[int]] | None = None) -> Workload:
+    """The A/B point's requests at their measured arrival times. With the prompts' token ids,
+    each request's cached_tokens is its longest common prefix with any earlier arrival (what
+    SGLang's radix cache finds at admission if nothing was evicted)."""
     cfg = doc["config"]
     sched = ab_path.parent / "schedules" / f"{index:02d}.json"
     arrivals = json.loads(sched.read_text())["arrivals_s"]
     reqs = cfg["requests"]
     if len(arrivals) != len(reqs):
         raise ValueError(f"{sched}: {len(arrivals)} arrivals for {len(reqs)} requests")
-    specs = sorted(
-        (RequestSpec(f"ab{i}", float(t), int(r["prompt_tokens"]), int(r["output_tokens"]),
-                     float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
-                     int(r.get("priority") or 0))
-         for i, (t, r) in enumerate(zip(arrivals, reqs))),
-        key=lambda s: s.arrival)
+    order = sorted(range(len(reqs)), key=lambda i: float(arrivals[i]))
+    cached = earlier_prefixes([prompt_ids[i] for i in order]) if prompt_ids else [0] * len(order)
+    specs = []
+    for i, hit in zip(order, cached):
+        r = reqs[i]
+        prompt = int(r["prompt_tokens"])
+        specs.append(RequestSpec(f"ab{i}", float(arrivals[i]), prompt, int(r["output_tokens"]),
+                                 float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
+                                 int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1)))
     return Workload(tuple(specs), f"A/B workload {ab_path} point {index} ({cfg.get('workload')})")
+
+
+def earlier_prefixes(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """For each sequence, its longest common prefix with any earlier one. The longest match in a
+    set is with a lexicographic neighbour, so a sorted list of the earlier ones suffices."""
+    seen: list[tuple[int, ...]] = []
+    out = []
+    for seq in seqs:
+        key = tuple(seq)
+        i = bisect.bisect_left(seen, key)
+        out.append(max([_lcp(key, seen[j]) for j in (i - 1, i) if 0 <= j < len(seen)], default=0))
+        seen.insert(i, key)
+    return out
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+def ab_prompt_ids(doc: dict, ab_path: Path) -> list[list[int]] | None:
+    """Token ids of the A/B's prompts (dataset.jsonl beside ab.json) as the server's chat
+    template makes them; None when the dataset or the model's tokenizer is not here."""
+    dataset = ab_path.parent / "dataset.jsonl"
+    model = doc["config"].get("model")
+    if not dataset.exists() or not model or not Path(model).exists():
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+    if len(rows) != len(doc["config"]["requests"]) or not all("messages" in r for r in rows):
+        return None
+    return [list(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True))
+            for r in rows]
 
 
 def ab_points(doc: dict) -> list[AbPoint]:
@@ -142,6 +192,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
     prof = profile.with_server(kv_tokens=int(cfg["kv_tokens"]),
                                chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
     mapping = {**SYSTEM_POLICY, **(policy_map or {})}
+    prompt_ids = ab_prompt_ids(doc, ab_path)
     rows = []
     results = doc["results"]
     for pt in ab_points(doc):
@@ -150,7 +201,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         if policy is None:
             continue
         config = system_config(cfg, pt.system, policy, prof.server.kv_tokens)
-        sim = simulate(ab_workload(doc, ab_path, pt.index), prof, policy, config)
+        sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
         counters = next((p.get("counters") or {} for p in results[pt.system] if p["rate"] == pt.rate), {})
         rows.append({"system": pt.system, "policy": policy, "rate": pt.rate, "measured": measured,
@@ -168,6 +219,9 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
             "kv_tokens": prof.server.kv_tokens, "chunked_prefill": prof.server.chunked_prefill_tokens,
             "criteria": {"attainment_points": ATTAINMENT_POINTS, "p50_ttft_rel": P50_TTFT_REL},
             "noise_band": doc.get("noise_band"), "twin_agreement": twins, "model_gaps": list(MODEL_GAPS),
+            "prefix_cache": "chat-templated prompts tokenized: shared prefixes reused" if prompt_ids
+            else "not modelled (no dataset.jsonl or tokenizer): every prompt token computed",
+            "per_resume_s": prof.step.per_resume_s,
             "rows": rows, "all_pass": bool(rows) and all(r["delta"]["pass"] for r in rows),
             "judgeable_pass": (bool(judged) and all(r["delta"]["pass"] for r in judged)) if twins else None}
 

@@ -44,12 +44,16 @@ class RequestSpec:
     ttft_slo: float = 5.0
     tbt_slo: float = 0.1
     priority: int = 0
+    # Leading prompt tokens shared with an earlier request of the workload (a chat template's
+    # system prefix): a radix-cache hit, neither recomputed nor allocated again.
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.rid, "rid must be non-empty"
         assert math.isfinite(self.arrival) and self.arrival >= 0, (self.rid, self.arrival)
         assert self.prompt_tokens >= 1 and self.output_tokens >= 1, self.rid
         assert self.ttft_slo > 0 and self.tbt_slo > 0, self.rid
+        assert 0 <= self.cached_tokens < self.prompt_tokens, (self.rid, self.cached_tokens)
 
 
 @dataclass(frozen=True)

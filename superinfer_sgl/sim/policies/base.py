@@ -42,6 +42,7 @@ class Policy:
     page_tokens = 1
     resume_to_running = False  # vLLM: a swapped-in request decodes at once; SGLang: re-admitted
     chunked_prefill = True  # SGLang chunks long prompts; vLLM V0 (no chunked prefill) does not
+    prefix_cache = True  # SGLang's radix cache reuses shared prompt prefixes; vLLM V0's default does not
     retract_to_front = False  # SGLang re-queues a retracted request at the back; vLLM at the front
 
     def plan(self, sim: Simulator) -> Plan:

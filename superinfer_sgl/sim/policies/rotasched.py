@@ -6,7 +6,7 @@ holds ceil((seqlen + decode reserve) / block); a waiting one needs its prompt an
 resident plus the reserve; a rotary one its host KV plus one token plus the reserve; free blocks
 are SGLang's admission budget (free minus running reserves). The decision's rotate-outs go first,
 resumes restore KV into the (simulated) radix tree and requeue the request, and SGLang's
-PrefillAdder sees only the admitted + resumed + still-pending restored requests, by VLT.
+PrefillAdder sees the restored requests, then LVF's admissions, then the rest of the queue.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import math
 from typing import TYPE_CHECKING
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView, lvf_decide
-from superinfer_sgl.rotasched.vlt import vlts
 from superinfer_sgl.sim.policies.base import CLIP_MAX_NEW_TOKENS, Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
@@ -48,14 +47,14 @@ class RotaSched(Policy):
             by_rid = self._by_rid = {r.spec.rid: r for r in sim.reqs}
         out = [by_rid[rid] for rid in d.rotate_out]
         resume = [sim.rotary[rid] for rid in d.resume]
-        chosen = set(d.admit)
-        # Offered to the PrefillAdder: LVF's admissions, its resumes, and earlier resumes whose
-        # restored KV (kv > 0) still waits for admission (the runtime's resume_locks), by VLT.
-        order = [r for r in sim.waiting if r.kv > 0 or r.spec.rid in chosen] + resume
-        if len(order) > 1:
-            lags = vlts([r.view for r in order], now, cfg.vlt)  # type: ignore[misc]
-            keys = {id(r): (-lag, r.spec.arrival) for r, lag in zip(order, lags)}
-            order.sort(key=lambda r: keys[id(r)])
+        # Offered to the PrefillAdder as runtime._step builds the queue: restored requests (earlier
+        # resumes still waiting, then this step's), then LVF's admissions in LVF's order (a rid in
+        # both keeps its later place), then every other waiting request in queue order.
+        rids = [r.spec.rid for r in sim.waiting if r.restored] + list(d.resume) + list(d.admit)
+        rank = {rid: i for i, rid in enumerate(rids)}
+        ranked = [r for r in sim.waiting if r.spec.rid in rank] + resume
+        ranked.sort(key=lambda r: rank[r.spec.rid])
+        order = ranked + [r for r in sim.waiting if r.spec.rid not in rank]
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
         return Plan(admit=order, rotate_out=out, resume=resume, sched_s=sched)
 

@@ -27,6 +27,7 @@ class VllmSwap(Policy):
     page_tokens = 16
     resume_to_running = True
     chunked_prefill = False
+    prefix_cache = False
     retract_to_front = True
 
     def __init__(self, swapped_first: bool) -> None:

@@ -1,0 +1,124 @@
+"""The simulator follows what the servers really do: radix-cache prefix reuse, the measured cost
+of a resume, and the runtime's admission order (small hand-checked cases)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from superinfer_sgl.rotasched import Decision
+from superinfer_sgl.sim.engine import SimConfig, Simulator
+from superinfer_sgl.sim.policies import make_policy
+from superinfer_sgl.sim.policies import rotasched as sim_rotasched
+from superinfer_sgl.sim.profile import LinkModel, ModelShape, Profile, ServerLimits, StepModel
+from superinfer_sgl.sim.request import Phase
+from superinfer_sgl.sim.validate import earlier_prefixes
+from superinfer_sgl.sim.workload import RequestSpec, Workload
+
+# Iteration = 10 ms + 1 ms per prefill token + 5 ms per decoding request.
+STEP = StepModel(base_s=0.01, per_prefill_token_s=0.001, per_decode_token_s=0.005)
+LINK = LinkModel("test", (1024.0,), (1.0,), (1.0,), 1.0, 1.0)
+
+
+def profile(kv_tokens: int = 10_000, step: StepModel = STEP) -> Profile:
+    return Profile("tiny", ModelShape("tiny", 2, 1000), ServerLimits(kv_tokens, 8192), step, LINK)
+
+
+def sim_of(specs: list[RequestSpec], policy: str = "sglang", prof: Profile | None = None, **cfg: object) -> Simulator:
+    return Simulator(Workload(tuple(specs), "test"), prof or profile(), make_policy(policy), SimConfig(**cfg))  # type: ignore[arg-type]
+
+
+def ttft(sim: Simulator, i: int) -> float:
+    r = sim.reqs[i]
+    return r.clock.first_token - r.spec.arrival  # type: ignore[operator]
+
+
+def test_shared_prefix_is_neither_recomputed_nor_allocated_again() -> None:
+    specs = [RequestSpec("r0", 0.0, 10, 3), RequestSpec("r1", 1.0, 10, 3, cached_tokens=6)]
+    sim = sim_of(specs, prof=profile(kv_tokens=100))
+    assert sim.capacity == 100 - 6  # the radix cache holds the shared prefix once
+    sim.run()
+    assert ttft(sim, 0) == pytest.approx(0.020)  # 10 ms + 10 prefill tokens
+    assert ttft(sim, 1) == pytest.approx(0.014)  # 10 ms + the 4 tokens not cached
+    assert all(r.phase is Phase.FINISHED for r in sim.reqs) and sim.used == 0
+
+    sim = sim_of(specs, prof=profile(kv_tokens=100))
+    while sim.reqs[1].phase is not Phase.RUNNING:
+        sim.step()
+    r1 = sim.reqs[1]
+    assert r1.kv == 10 and r1.alloc == 10 - 6  # KV covers the prefix, the allocation does not
+
+
+def test_without_a_prefix_cache_every_prompt_token_is_computed() -> None:
+    specs = [RequestSpec("r0", 0.0, 10, 3), RequestSpec("r1", 1.0, 10, 3, cached_tokens=6)]
+    sim = sim_of(specs, policy="vllm-swap-waiting-first").run()  # vLLM V0: prefix caching off
+    assert ttft(sim, 1) == pytest.approx(0.020) and sim.capacity == 10_000
+
+
+def test_retracted_request_keeps_its_cached_prefix() -> None:
+    sim = sim_of([RequestSpec("r0", 0.0, 10, 50, cached_tokens=4)])
+    sim.step()
+    r = sim.reqs[0]
+    sim.retract(r)
+    assert r.kv == 4 and r.alloc == 0 and sim.used == 0 and r.extend == 10 + r.outputs - 4
+
+
+def _rotating_case(per_resume_s: float) -> Simulator:
+    # A (long) holds nearly all of a 224-token pool; B arrives, waits past its slack, displaces A.
+    specs = [RequestSpec("r0", 0.0, 10, 200, 0.2, 0.1), RequestSpec("r1", 0.05, 10, 6, 0.2, 0.1)]
+    step = replace(STEP, per_resume_s=per_resume_s)
+    return sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224, step=step)).run()
+
+
+def test_resume_cost_is_charged_once_per_readmitted_resume() -> None:
+    free, costly = _rotating_case(0.0), _rotating_case(0.25)
+    assert free.stats.resumes == costly.stats.resumes >= 1
+    assert costly.stats.compute_s - free.stats.compute_s == pytest.approx(0.25 * costly.stats.resumes)
+    assert all(r.phase is Phase.FINISHED for r in costly.reqs)
+
+
+def test_admission_order_is_the_runtimes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime._step: restored requests (earlier resumes, then this step's), then LVF's
+    admissions in LVF's order (a rid in both keeps its later place), then the rest of the queue."""
+    specs = [RequestSpec(f"r{i}", 0.0, 10, 5) for i in range(5)]
+    sim = sim_of(specs, policy="lvf-duplex")
+    a, b, c, d, e = sim.reqs
+    sim.waiting = [a, b, c, d]
+    b.restored = True
+    b.kv = 14
+    e.phase, e.host, e.outputs = Phase.ROTARY, 12, 2
+    e.clock.observe_outputs(2, 0.01)
+    sim.rotary = {"r4": e}
+    policy = sim.policy
+
+    def decide(*_args: object) -> Decision:
+        return Decision(admit=("r3",), resume=("r4",), rotate_out=(), contention=False)
+
+    monkeypatch.setattr(sim_rotasched, "lvf_decide", decide)
+    assert [r.spec.rid for r in policy.plan(sim).admit] == ["r1", "r4", "r3", "r0", "r2"]
+
+    def decide_restored_too(*_args: object) -> Decision:
+        return Decision(admit=("r3", "r1"), resume=("r4",), rotate_out=(), contention=False)
+
+    monkeypatch.setattr(sim_rotasched, "lvf_decide", decide_restored_too)
+    assert [r.spec.rid for r in policy.plan(sim).admit] == ["r4", "r3", "r1", "r0", "r2"]
+
+
+def test_earlier_prefixes_by_hand() -> None:
+    seqs = [[1, 2, 3], [1, 2, 4, 5], [9], [1, 2, 4, 6], [1, 2, 3, 7]]
+    assert earlier_prefixes(seqs) == [0, 2, 0, 3, 3]
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), max_size=12))
+def test_earlier_prefixes_equal_brute_force(seqs: list[list[int]]) -> None:
+    def lcp(x: list[int], y: list[int]) -> int:
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        return n
+
+    want = [max([lcp(s, t) for t in seqs[:i]], default=0) for i, s in enumerate(seqs)]
+    assert earlier_prefixes(seqs) == want
