@@ -31,6 +31,11 @@ class SuperInferConfig:
     vlt_alpha: float = 3.0
     vlt_beta_ttft: float = 0.5
     vlt_beta_tbt: float = 0.0
+    # Rotation quantum: LVF may rotate a running request out only after it has run this long in
+    # its current stint. The paper's rule (0) round-robins every request under sustained overload:
+    # each rotation costs the server work (58 ms on our CPU server, docs/sim.md), and every paused
+    # request misses TBT. 5 s: best joint attainment in the simulator on GH200 and on the CPU A/B.
+    min_stint_ms: float = 5000.0
     # None: the paper's 2400 blocks, capped at an eighth of the device KV pool per iteration.
     rotation_budget_blocks: int | None = None
     rotary_block_tokens: int = 16
@@ -50,7 +55,7 @@ class SuperInferConfig:
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
-        for name in ("vlt_beta_ttft", "vlt_beta_tbt"):
+        for name in ("vlt_beta_ttft", "vlt_beta_tbt", "min_stint_ms"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
         if self.rotation_budget_blocks is not None:
@@ -96,6 +101,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vlt-alpha", type=float, default=d.vlt_alpha, help="VLT weight of rotary requests")
     g.add_argument("--vlt-beta-ttft", type=float, default=d.vlt_beta_ttft, help="VLT TTFT slack fraction")
     g.add_argument("--vlt-beta-tbt", type=float, default=d.vlt_beta_tbt, help="VLT TBT slack fraction")
+    g.add_argument("--min-stint-ms", type=float, default=d.min_stint_ms,
+                   help="rotation quantum: a running request is not rotated out before it has run "
+                        "this long in its current stint (0: the paper's rule, any running request)")
     g.add_argument("--rotation-budget-blocks", type=int, default=d.rotation_budget_blocks,
                    help="B_xfer: rotation blocks moved per iteration in each direction (default: "
                         "2400, the paper's, capped at 1/8 of the device KV pool)")

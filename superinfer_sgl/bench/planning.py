@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import SuperInferConfig
 from ..rotasched.slo import Slo, SloClasses
 from .calibrate import Calibration
 from .profiles import PROFILES, Profile, make_dummy_model
@@ -109,9 +110,12 @@ def _with_env(env: tuple[tuple[str, str], ...], key: str, value: str | None) -> 
 
 
 def our_flags(p: Profile) -> tuple[str, ...]:
-    """Our server learns the same default SLO and classes the harness measures against."""
+    """Our server learns the same default SLO and classes the harness measures against. The
+    rotation quantum is spelled out so the results file says what ran (the simulator's replay
+    reads it back); later flags (the profile's, then --our-args) override it."""
     return ("--scheduler", "rotasched", "--ttft-slo-ms", f"{p.slo.ttft_ms:g}", "--tbt-slo-ms",
-            f"{p.slo.tbt_ms:g}", "--slo-classes", p.slo_classes, *p.our_flags)
+            f"{p.slo.tbt_ms:g}", "--slo-classes", p.slo_classes,
+            "--min-stint-ms", f"{SuperInferConfig().min_stint_ms:g}", *p.our_flags)
 
 
 def resolve_model(a: argparse.Namespace, p: Profile, out: Path) -> tuple[str, str]:

@@ -74,6 +74,7 @@ class RotaSchedRuntime:
     def __init__(self, sched: Any, cfg: SuperInferConfig) -> None:
         self.sched, self.cfg = sched, cfg
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
+        self.min_stint_s = cfg.min_stint_ms / 1000.0  # rotation quantum (LVF victims only)
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.bt = cfg.rotary_block_tokens
@@ -286,11 +287,12 @@ class RotaSchedRuntime:
 
     def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
         views, by_rid = [], {}
+        young = now - self.min_stint_s  # stints that began after this are not over yet
         for req in live:
             clk = self.clocks[req.rid]
+            rotatable = clk.run_start is not None and clk.run_start <= young and self._rotatable(req, running_batch)
             views.append(self._view(clk, ReqState.RUNNING, 0,
-                                    self._blocks(req.seqlen + self._reserve(req)),
-                                    self._rotatable(req, running_batch)))
+                                    self._blocks(req.seqlen + self._reserve(req)), rotatable))
             by_rid[req.rid] = req
         for req in self.sched.waiting_queue:
             clk = self.clocks[req.rid]

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
     run.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
     run.add_argument("--min-stint-s", type=float, default=0.0,
-                     help="what-if: LVF may not rotate out a request running for less than this")
+                     help="LVF may not rotate out a request running for less than this (0: the paper's "
+                          "rule; our server's --min-stint-ms defaults to 5000)")
     run.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
     run.add_argument("--jobs", type=int, default=1, help="worker processes")
     run.add_argument("--json", type=Path, help="write all summaries here")

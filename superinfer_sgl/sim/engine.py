@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.rotasched.state import ReqState
 from superinfer_sgl.rotasched.vlt import VltParams
 from superinfer_sgl.sim.policies.base import Plan, Policy
@@ -37,7 +38,9 @@ class SimConfig:
     drain_s: float = 1800.0  # simulated time allowed after the last arrival
     lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
     mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
-    min_stint_s: float = 0.0  # what-if for the runtime: running requests younger than this are not rotatable
+    # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
+    # it has run this long in its current stint. 0: the paper's rule.
+    min_stint_s: float = SuperInferConfig().min_stint_ms / 1000.0
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self

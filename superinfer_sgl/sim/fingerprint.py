@@ -59,6 +59,7 @@ def small_cases() -> list[Case]:
     variants = {
         "no-ignore-eos": {"ignore_eos": False},
         "min-stint-2": {"min_stint_s": 2.0},
+        "paper-rule": {"min_stint_s": 0.0},
         "mixed-chunk": {"mixed_chunk": True},
         "lookahead": {"lookahead": True},
         "budget-300-beta1": {"budget_blocks": 300, "vlt": VltParams(3.0, 0.5, 1.0)},

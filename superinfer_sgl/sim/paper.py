@@ -178,6 +178,7 @@ WHATIFS: dict[str, dict] = {
                                                     "mixed_chunk": True},
     "min stint 5 s + direct resume + mixed chunk": {"policy": "lvf-duplex-direct", "min_stint_s": 5.0,
                                                     "mixed_chunk": True},
+    "our server's defaults (min stint 5 s + mixed chunk)": {"min_stint_s": 5.0, "mixed_chunk": True},
 }
 
 

@@ -66,7 +66,7 @@ class Job:
     lookahead: bool = False
     mixed_chunk: bool = False
     ignore_eos: bool = True
-    min_stint_s: float = 0.0
+    min_stint_s: float = 0.0  # the paper's rule; our server's default quantum is SimConfig's
     vlt: tuple[float, float, float] = (3.0, 0.5, 0.0)
     tags: dict = field(default_factory=dict)
 

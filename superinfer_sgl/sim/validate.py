@@ -168,7 +168,7 @@ def _flag(cmd: list[str], name: str) -> str | None:
 def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimConfig:
     """The simulator settings that match how `system`'s server was launched.
 
-    Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
+    Rotation quantum: --min-stint-ms (absent: 0, the servers before the option). Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
     --no-mixed-resume (launch_server.prepare). Rotation budget: --rotation-budget-blocks, else the
     runtime's default (RotaSchedRuntime._budget: an eighth of the pool in rotation blocks, at
     most the paper's 2400, at least 1). Without the A/B's command lines: SimConfig's defaults.
@@ -182,7 +182,11 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     bt = int(_flag(cmd, "--rotary-block-tokens") or 16)
     budget = _flag(cmd, "--rotation-budget-blocks")
     blocks = int(budget) if budget is not None else max(1, min(PAPER_BUDGET_BLOCKS, kv_tokens // bt // 8))
-    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed)
+    # The harness spells out --min-stint-ms since the option exists; an A/B without it ran a
+    # server that had no rotation quantum.
+    stint = _flag(cmd, "--min-stint-ms")
+    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed,
+                     min_stint_s=float(stint) / 1000.0 if stint is not None else 0.0)
 
 
 def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None) -> dict:

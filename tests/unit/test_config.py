@@ -187,10 +187,18 @@ def test_cli_flags_are_in_their_own_group() -> None:
     flags = {s for a in ours[0]._group_actions for s in a.option_strings}
     assert flags == {
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
-        "--vlt-beta-ttft", "--vlt-beta-tbt", "--rotation-budget-blocks", "--rotary-block-tokens",
+        "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch", "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume",
     }
+
+
+def test_min_stint_must_be_finite_and_not_negative() -> None:
+    assert SuperInferConfig().min_stint_ms == 5000.0
+    assert from_namespace(_parser().parse_args(["--min-stint-ms", "0"])).min_stint_ms == 0.0
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="min-stint-ms"):
+            from_namespace(_parser().parse_args(["--min-stint-ms", bad]))
 
 
 def test_from_namespace_validates() -> None:

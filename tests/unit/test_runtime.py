@@ -64,7 +64,7 @@ class FakeTree:
 def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt = object.__new__(RotaSchedRuntime)
     cfg = SuperInferConfig()
-    rt.cfg, rt.params = cfg, VltParams()
+    rt.cfg, rt.params, rt.min_stint_s = cfg, VltParams(), cfg.min_stint_ms / 1000.0
     rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
     rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
     rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400

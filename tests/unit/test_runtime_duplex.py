@@ -410,3 +410,21 @@ def test_a_resumed_request_reads_its_own_kv_bytes_even_over_a_recomputed_tree_pr
     assert h.engine.synced_tokens("b") == 19 // BT * BT  # its full restored blocks are its mirror, both cases
     h.rt._unlock_admitted([b])
     assert h.tree.protected_size() == 0
+
+
+@pytest.mark.parametrize("stint_ms", [0.0, 5000.0])
+def test_min_stint_keeps_young_running_requests_out_of_lvf_victims(monkeypatch: pytest.MonkeyPatch,
+                                                                   stint_ms: float) -> None:
+    """--min-stint-ms: a running request is a rotate-out candidate only after that long in its
+    current stint (0: the paper's rule, at once)."""
+    h = Harness(monkeypatch, min_stint_ms=stint_ms)
+    req = h.run("a", 8, 4, 0)
+    h.rt.observe([req], 100.0)  # its stint starts now
+    rotatable = {}
+    for now in (100.5, 104.9, 105.0, 130.0):
+        views, _ = h.rt._views(h.batch, [req], now)
+        rotatable[now] = views[0].rotatable
+    if stint_ms:
+        assert rotatable == {100.5: False, 104.9: False, 105.0: True, 130.0: True}
+    else:
+        assert all(rotatable.values())

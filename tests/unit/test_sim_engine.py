@@ -31,6 +31,8 @@ def workload(*reqs: tuple[float, int, int], ttft: float = 5.0, tbt: float = 0.1)
 
 
 def run(wl: Workload, policy: str = "sglang", prof: Profile | None = None, **cfg: object) -> Simulator:
+    """These cases test LVF's own mechanics: the paper's rule (no rotation quantum) unless given."""
+    cfg.setdefault("min_stint_s", 0.0)
     return Simulator(wl, prof or profile(), make_policy(policy), SimConfig(**cfg)).run()  # type: ignore[arg-type]
 
 

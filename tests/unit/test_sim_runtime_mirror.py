@@ -70,7 +70,7 @@ def _rotating_case(per_resume_s: float) -> Simulator:
     # A (long) holds nearly all of a 224-token pool; B arrives, waits past its slack, displaces A.
     specs = [RequestSpec("r0", 0.0, 10, 200, 0.2, 0.1), RequestSpec("r1", 0.05, 10, 6, 0.2, 0.1)]
     step = replace(STEP, per_resume_s=per_resume_s)
-    return sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224, step=step)).run()
+    return sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224, step=step), min_stint_s=0.0).run()
 
 
 def test_resume_cost_is_charged_once_per_readmitted_resume() -> None:
@@ -122,3 +122,14 @@ def test_earlier_prefixes_equal_brute_force(seqs: list[list[int]]) -> None:
 
     want = [max([lcp(s, t) for t in seqs[:i]], default=0) for i, s in enumerate(seqs)]
     assert earlier_prefixes(seqs) == want
+
+
+def test_the_default_rotation_quantum_is_the_servers() -> None:
+    from superinfer_sgl.config import SuperInferConfig
+
+    assert SimConfig().min_stint_s == SuperInferConfig().min_stint_ms / 1000.0
+    # B waits: A has not run 5 s yet, so it is not a victim (under the paper's rule it would be).
+    specs = [RequestSpec("r0", 0.0, 10, 200, 0.2, 0.1), RequestSpec("r1", 0.05, 10, 6, 0.2, 0.1)]
+    quantum = sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224)).run()
+    paper = sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224), min_stint_s=0.0).run()
+    assert quantum.reqs[0].rotations == 0 < paper.reqs[0].rotations
