@@ -28,6 +28,7 @@ from ..rotasched import (
     SloClasses,
     SloError,
     VltParams,
+    idle_resume,
     lvf_decide,
     resolve_slo,
     vlt,
@@ -216,7 +217,12 @@ class RotaSchedRuntime:
         # Then everyone else in arrival order: LVF counts in whole blocks (need rounded up, free
         # rounded down), so a request that fits in tokens could otherwise never be offered. The
         # PrefillAdder only admits them into memory that is really free, which needs no VLT.
-        return queue + [r for r in self.sched.waiting_queue if r.rid not in rank]
+        # When LVF stopped at an urgent request that does not fit, only that one: the others
+        # must not take the memory it waits for.
+        rest = [r for r in self.sched.waiting_queue if r.rid not in rank]
+        if decision.blocked is not None:
+            rest = [r for r in rest if r.rid == decision.blocked]
+        return queue + rest
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
         budget = self.budget  # eager copies share the outbound budget
@@ -230,7 +236,10 @@ class RotaSchedRuntime:
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
-        return lvf_decide(views, self._free_blocks(running_batch), self.budget, now, self.params)
+        decision = lvf_decide(views, self._free_blocks(running_batch), self.budget, now, self.params)
+        if self.sched.chunked_req is not None:  # a chunked prefill is still making progress
+            return decision
+        return idle_resume(decision, views, now, self.params)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:

@@ -1,6 +1,6 @@
 """RotaSched: SLO-aware rotary scheduling policy (pure Python, standard library only)."""
 
-from superinfer_sgl.rotasched.lvf import Decision, lvf_decide
+from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
 from superinfer_sgl.rotasched.slo import (
     DEFAULT_CLASSES,
     DEFAULT_SLO,
@@ -24,6 +24,7 @@ __all__ = [
     "SloClasses",
     "SloError",
     "VltParams",
+    "idle_resume",
     "lvf_decide",
     "resolve_slo",
     "vlt",

@@ -28,6 +28,9 @@ class Decision:
     resume: tuple[str, ...] = ()  # ROTARY rids, in resume order
     rotate_out: tuple[str, ...] = ()  # RUNNING rids to move to host
     contention: bool = False  # False: memory covered all demand and FCFS was used
+    # The urgent (VLT > 0) request the scan stopped at: it did not fit, and nobody ranked below it
+    # may take the memory it waits for. The executor offers nobody else outside LVF's choices.
+    blocked: str | None = None
 
     def __post_init__(self) -> None:
         moved = self.admit + self.resume + self.rotate_out
@@ -59,6 +62,23 @@ def lvf_decide(
     return _contended(views, pending, free_blocks, budget_blocks, now, params)
 
 
+def idle_resume(decision: Decision, views: Sequence[ReqView], now: float, params: VltParams) -> Decision:
+    """The executor's fallback when nothing runs and LVF moves nobody: resume the rotary request
+    LVF ranks first anyway. LVF counts in whole blocks (needs rounded up, free memory rounded
+    down) and caps resumes at the rotation budget, so a rotary request within a block of the free
+    memory, or just over the budget, would otherwise never come back once the server is idle.
+    The executor allocates its slots token-exactly and leaves it rotary if they cannot be had.
+    """
+    if not decision.is_noop or any(v.state is _RUNNING for v in views):
+        return decision
+    rotary = [v for v in views if v.state is _ROTARY]
+    if not rotary:
+        return decision
+    lags = vlts(rotary, now, params)
+    top = min(zip(rotary, lags), key=lambda p: (-p[1], p[0].arrival, p[0].rid))[0]
+    return Decision(resume=(top.rid,), contention=decision.contention)
+
+
 def _fcfs(pending: list[ReqView], budget: int) -> Decision:
     """Step 1: memory covers everyone, so arrival order is fair; only resumes pay budget."""
     pending = sorted(pending, key=lambda v: (v.arrival, v.rid))
@@ -82,19 +102,22 @@ def _contended(
 ) -> Decision:
     """Steps 2-5: head scan by VLT, rotate out from the tail, shrink if the tail falls short."""
     pending, victims = _rank(views, waiting_rotary, now, params)
-    chosen, used = _head_scan(pending, free + budget, free, budget)
+    # Memory an urgent request could ever get: what is free plus what running requests hold.
+    wall = free + sum([v.blocks_held for v in views if v.state is _RUNNING])
+    chosen, used, blocked = _head_scan(pending, free + budget, free, budget, wall)
     out = _tail_scan(victims, used - free, budget)
     freed = sum(v.blocks_held for v in out)
     if used > free + freed:
         # The tail could not free enough: rescan against what it did free. The rescan
         # keeps every prefix of the first choice that fits, and may fit smaller ones too.
-        chosen, used = _head_scan(pending, free + freed, free, budget)
+        chosen, used, blocked = _head_scan(pending, free + freed, free, budget, wall)
         out = _shortest_cover(out, used - free)
     return Decision(
         admit=tuple(v.rid for v in chosen if v.state is _WAITING),
         resume=tuple(v.rid for v in chosen if v.state is _ROTARY),
         rotate_out=tuple(v.rid for v in out),
         contention=True,
+        blocked=blocked,
     )
 
 
@@ -120,12 +143,17 @@ def _rank(
     return pending, victims
 
 
-def _head_scan(pending: _Ranked, cap: int, free: int, budget: int) -> tuple[list[ReqView], int]:
-    """Step 3: take each request that fits, skip one that does not and go on.
+def _head_scan(pending: _Ranked, cap: int, free: int, budget: int,
+               wall: int) -> tuple[list[ReqView], int, str | None]:
+    """Step 3: take each request that fits; returns (chosen, blocks used, blocked rid).
 
     VLT > 0 may use up to `cap` (free memory plus what rotation can free); VLT == 0 is
-    within its slack and may not displace anyone, so it only gets memory still free.
-    Resumes also spend the inbound rotation budget.
+    within its slack and may not displace anyone, so it only gets memory still free, and is
+    skipped when it does not fit. An urgent request (VLT > 0) that does not fit stops the scan
+    (head-of-line), unless it could never fit (more than `wall`, all memory requests can hold):
+    skipping it would let every smaller request behind it take the memory it waits for, and
+    when rotation cannot make room (young victims, the budget) it would starve. Resumes also
+    spend the inbound rotation budget; one over it is skipped, not waited for.
     """
     chosen: list[ReqView] = []
     add = chosen.append
@@ -134,6 +162,8 @@ def _head_scan(pending: _Ranked, cap: int, free: int, budget: int) -> tuple[list
     for neg_lag, _, _, view in pending:
         need = view.blocks_needed
         if need > (left if neg_lag < 0 else max(0, free - used)):
+            if neg_lag < 0 and need <= wall and not (view.state is _ROTARY and need > budget):
+                return chosen, used, view.rid
             continue
         if view.state is _ROTARY:
             if inbound + need > budget:
@@ -142,7 +172,7 @@ def _head_scan(pending: _Ranked, cap: int, free: int, budget: int) -> tuple[list
         add(view)
         used += need
         left -= need
-    return chosen, used
+    return chosen, used, None
 
 
 def _tail_scan(victims: _Ranked, b_swap: int, budget: int) -> list[ReqView]:

@@ -188,3 +188,52 @@ def test_policy_imports_only_stdlib() -> None:
                 top = name.split(".")[0]
                 ours = name.startswith("superinfer_sgl.rotasched")
                 assert ours or top in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+def test_idle_resume_brings_back_what_block_rounding_or_the_budget_would_strand() -> None:
+    from superinfer_sgl.rotasched import idle_resume
+
+    # Needs 14 blocks, 13 free (rounded down) and nothing runs: LVF moves nobody.
+    views = [rotary("c", 99.0, 14, arrival=90.0), rotary("d", 98.0, 14, arrival=91.0)]
+    d = decide(views, free=13)
+    assert d.is_noop
+    assert idle_resume(d, views, NOW, P) == Decision(resume=("d",), contention=d.contention)  # larger VLT
+    # Over the inbound budget: the same.
+    d = decide(views[:1], free=100, budget=10)
+    assert d.is_noop and idle_resume(d, views[:1], NOW, P).resume == ("c",)
+
+
+def test_idle_resume_leaves_lvf_alone_otherwise() -> None:
+    from superinfer_sgl.rotasched import idle_resume
+
+    views = [rotary("c", 99.0, 14), running("r", 95.0, 50, rotatable=False)]
+    d = decide(views, free=13)
+    assert d.is_noop and idle_resume(d, views, NOW, P) is d  # something runs: it will free memory
+    moved = Decision(admit=("w",))
+    assert idle_resume(moved, [rotary("c", 99.0, 14), waiting("w", 99.0, 1)], NOW, P) is moved
+    assert idle_resume(Decision(), [waiting("w", 99.0, 50)], NOW, P) == Decision()  # nothing rotary
+
+
+def test_an_urgent_request_that_does_not_fit_stops_the_scan() -> None:
+    """Head-of-line for urgent requests: big R (VLT 8 > 0) needs 30 blocks, 10 are free and the
+    only running request is too young to rotate. Skipping R would admit S (VLT 1.5) into the
+    memory R waits for, and R would starve while smaller requests keep coming."""
+    views = [waiting("R", 90.0, 30), waiting("S", 96.0, 5), running("r", 99.0, 40, rotatable=False)]
+    d = decide(views, free=10, budget=5)
+    assert d == Decision(contention=True, blocked="R")
+    # Ranked above R, S would still go first.
+    views = [waiting("R", 95.0, 30), waiting("S", 90.0, 5), running("r", 99.0, 40, rotatable=False)]
+    assert decide(views, free=10, budget=5) == Decision(admit=("S",), contention=True, blocked="R")
+
+
+def test_requests_that_do_not_block_the_scan() -> None:
+    young = running("r", 99.0, 40, rotatable=False)
+    # Within its slack (VLT 0): skipped, as before.
+    d = decide([waiting("R", 99.5, 30), waiting("S", 99.6, 5), young], free=10, budget=5)
+    assert (d.admit, d.blocked) == (("S",), None)
+    # More than all the memory requests can hold (10 free + 40 held): it could never fit.
+    d = decide([waiting("R", 90.0, 60), waiting("S", 96.0, 5), young], free=10, budget=5)
+    assert (d.admit, d.blocked) == (("S",), None)
+    # A rotary request over the inbound rotation budget: skipped, not waited for.
+    d = decide([rotary("C", 98.0, 12), waiting("S", 96.0, 5), young], free=10, budget=5)
+    assert (d.admit, d.resume, d.blocked) == (("S",), (), None)

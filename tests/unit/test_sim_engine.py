@@ -144,19 +144,16 @@ def test_min_stint_what_if_protects_young_running_requests() -> None:
     assert sim.reqs[0].rotations == 0 and ttft(sim, 1) > 2.5  # A is never young enough to leave
 
 
-def test_lvf_block_rounding_can_starve_a_rotary_request_that_fits_in_tokens() -> None:
-    """Production edge case, reproduced: LVF counts needs in whole blocks rounded up (r0 rotary:
+def test_lvf_block_rounding_does_not_starve_a_rotary_request_that_fits_in_tokens() -> None:
+    """Production edge case, fixed: LVF counts needs in whole blocks rounded up (r0 rotary:
     211 tokens -> 14 blocks) and free memory rounded down (215 tokens -> 13 blocks). r0 is
-    admitted (the runtime offers every waiting request to SGLang's token-exact admission), rotated
-    out for r1, and once r1 has finished nothing resumes it: resumes have no token-exact fallback.
-    Rounding free memory up instead makes LVF skip rotations that are needed (r1 would wait for
-    r0 to finish). Needs only a request within a block of the whole pool. The simulator reports
-    the stall instead of spinning."""
+    admitted (the runtime offers every waiting request to SGLang's token-exact admission) and
+    rotated out for r1; once r1 has finished, LVF alone would never resume it. The executor's
+    idle fallback (rotasched.idle_resume, runtime._decide) resumes it: its slots fit in tokens."""
     sim = run(workload((0.0, 10, 200), (0.05, 10, 5), ttft=0.2), policy="lvf-duplex",
               prof=profile(kv_tokens=215))
-    assert sim.stats.stalled and sim.reqs[0].phase is Phase.ROTARY
-    assert sim.reqs[1].phase is Phase.FINISHED and summarize(sim)["stalled"] is True
-    assert run(workload((0.0, 10, 200)), prof=profile(kv_tokens=215)).reqs[0].phase is Phase.FINISHED
+    assert not sim.stats.stalled and summarize(sim)["stalled"] is False
+    assert sim.reqs[0].rotations >= 1 and all(r.phase is Phase.FINISHED for r in sim.reqs)
 
 
 def test_duplex_rotate_out_moves_only_the_unsynced_tail() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from superinfer_sgl.rotasched import Decision, ReqState, ReqView, lvf_decide
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView, idle_resume, lvf_decide
 from superinfer_sgl.sim.policies.base import CLIP_MAX_NEW_TOKENS, Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
@@ -41,6 +41,8 @@ class RotaSched(Policy):
         views = self._views(sim)
         free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
         d = lvf_decide(views, free, cfg.budget_blocks, now, cfg.vlt)
+        if sim.chunked is None:  # runtime._decide
+            d = idle_resume(d, views, now, cfg.vlt)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
@@ -49,12 +51,16 @@ class RotaSched(Policy):
         resume = [sim.rotary[rid] for rid in d.resume]
         # Offered to the PrefillAdder as runtime._step builds the queue: restored requests (earlier
         # resumes still waiting, then this step's), then LVF's admissions in LVF's order (a rid in
-        # both keeps its later place), then every other waiting request in queue order.
+        # both keeps its later place), then every other waiting request in queue order (only
+        # the blocked one when LVF stopped at an urgent request that did not fit).
         rids = [r.spec.rid for r in sim.waiting if r.restored] + list(d.resume) + list(d.admit)
         rank = {rid: i for i, rid in enumerate(rids)}
         ranked = [r for r in sim.waiting if r.spec.rid in rank] + resume
         ranked.sort(key=lambda r: rank[r.spec.rid])
-        order = ranked + [r for r in sim.waiting if r.spec.rid not in rank]
+        rest = [r for r in sim.waiting if r.spec.rid not in rank]
+        if d.blocked is not None:  # LVF stopped at an urgent request: only it may follow
+            rest = [r for r in rest if r.spec.rid == d.blocked]
+        order = ranked + rest
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
         return Plan(admit=order, rotate_out=out, resume=resume, sched_s=sched)
 
