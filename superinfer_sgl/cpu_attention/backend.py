@@ -6,8 +6,9 @@ e.g. its torch fallbacks for Triton-only helpers, still applies). Per forward pa
 plan (init_forward_metadata); each layer then runs:
 
 - decode: one call for all requests (the C kernel in native.py, or paged.decode_attention);
-- extend: one SDPA per request over only the new tokens (prefix-offset causal mask), or the
-  decode kernel when every request extends by exactly one token.
+- extend: one SDPA per request over only the new tokens (prefix-offset causal mask); requests
+  that extend by exactly one token (every request of a resume-only batch, the decode rows of a
+  mixed chunk) go through the batched decode kernel instead.
 
 Unsupported (raises UnsupportedAttentionError, at construction where the model shows it):
 sliding-window layers or pools, logit soft-capping, cross/encoder-only/bidirectional attention.
@@ -55,7 +56,13 @@ class DecodeStep:
 
 @dataclass(frozen=True)
 class ExtendStep:
+    """Requests extending by more than one token: one SDPA each. Those extending by exactly one
+    (the decode rows of a mixed chunk, or one-token prompts and resumes) go to the batched decode
+    kernel: query rows `decode_rows` of the batch, attending to all their keys, as a decode does."""
+
     segments: list[paged.ExtendSegment]
+    decode: DecodeStep | None = None
+    decode_rows: torch.Tensor | None = None  # [B1] int64 row of each one-token request in q
 
 
 def check_layer(layer: RadixAttention) -> None:
@@ -103,15 +110,26 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
         extend_lens = _host_list(fb.extend_seq_lens_cpu, fb.extend_seq_lens)
         if extend_lens and all(n == 1 for n in extend_lens):
             return self._plan_decode(fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu)
-        return ExtendStep(
-            paged.plan_extend(
-                self.req_to_token_pool.req_to_token,
-                fb.req_pool_indices.tolist(),
-                _host_list(None, fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens),
-                _host_list(fb.extend_prefix_lens_cpu, fb.extend_prefix_lens),
-                extend_lens,
-            )
+        seq_lens = _host_list(None, fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens)
+        segments = paged.plan_extend(
+            self.req_to_token_pool.req_to_token,
+            fb.req_pool_indices.tolist(),
+            seq_lens,
+            _host_list(fb.extend_prefix_lens_cpu, fb.extend_prefix_lens),
+            extend_lens,
         )
+        ones = [b for b, n in enumerate(extend_lens) if n == 1]
+        if not ones:
+            return ExtendStep(segments)
+        # A mixed chunk: its decode rows would otherwise cost one SDPA call each, per layer.
+        pick = torch.tensor(ones, dtype=torch.int64)
+        lens = torch.tensor([seq_lens[b] for b in ones], dtype=torch.int64)
+        decode = self._plan_decode(fb.req_pool_indices.index_select(0, pick), lens, lens)
+        starts = [0]
+        for n in extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        rows = torch.tensor([starts[b] for b in ones], dtype=torch.int64)
+        return ExtendStep([seg for seg in segments if seg.q_len > 1], decode, rows)
 
     def _plan_decode(self, req_pool_indices, seq_lens, seq_lens_cpu) -> DecodeStep:
         host = seq_lens_cpu if seq_lens_cpu is not None else seq_lens
@@ -154,9 +172,19 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         scale = layer.scaling if layer.scaling is not None else layer.qk_head_dim**-0.5
-        if isinstance(step, ExtendStep):
-            paged.extend_attention(q_, k_cache, v_cache, step.segments, scale, o_)
-        elif step.torch_plan is None and native.supports(q_, k_cache):
+        if isinstance(step, DecodeStep):
+            self._decode(q_, k_cache, v_cache, step, scale, o_)
+            return o
+        paged.extend_attention(q_, k_cache, v_cache, step.segments, scale, o_)
+        if step.decode is not None:
+            assert step.decode_rows is not None
+            od = o_.new_empty((step.decode_rows.numel(), *o_.shape[1:]))
+            self._decode(q_.index_select(0, step.decode_rows), k_cache, v_cache, step.decode, scale, od)
+            o_.index_copy_(0, step.decode_rows, od)
+        return o
+
+    def _decode(self, q_, k_cache, v_cache, step: DecodeStep, scale: float, o_) -> None:
+        if step.torch_plan is None and native.supports(q_, k_cache):
             native.decode_attention(
                 q_, k_cache, v_cache, self.req_to_token_pool.req_to_token,
                 step.req_pool_indices, step.seq_lens, step.max_len, scale, o_,
@@ -166,7 +194,6 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
                 self.req_to_token_pool.req_to_token, step.req_pool_indices, step.seq_lens, step.max_len
             )
             paged.decode_attention(q_, k_cache, v_cache, plan, scale, o_)
-        return o
 
     def _check_once(self, layer: RadixAttention) -> None:
         if layer.layer_id not in self._checked_layers:

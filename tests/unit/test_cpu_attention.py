@@ -174,13 +174,14 @@ def fill_pool(pool: MHATokenToKVPool, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("mode", ["decode", "extend", "mixed_one_token"])
+@pytest.mark.parametrize("mode", ["decode", "extend", "mixed_one_token", "mixed"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_backend_matches_torch_native(monkeypatch, kernel: str, mode: str, page_size: int) -> None:
     monkeypatch.setenv("SUPERINFER_CPU_ATTENTION_KERNEL", kernel)
     dtype = torch.float32
     prefix = [20, 3, 0, 45] if mode != "decode" else [19, 2, 6, 44]
-    new = [1, 1, 1, 1] if mode != "extend" else [7, 1, 30, 4]
+    # mixed: a chunk of prefills (30 and 4 new tokens) with decode rows (one new token each).
+    new = {"extend": [7, 1, 30, 4], "mixed": [1, 1, 30, 4]}.get(mode, [1, 1, 1, 1])
     seq_lens = [p + n for p, n in zip(prefix, new)]
     k, v, r2t, rows = make_pool(seq_lens, page_size, dtype, seed=9)
     pool = MHATokenToKVPool(size=k.shape[0] - page_size, page_size=page_size, dtype=dtype, head_num=HKV,
@@ -191,7 +192,8 @@ def test_backend_matches_torch_native(monkeypatch, kernel: str, mode: str, page_
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(sum(new), HQ * D, generator=gen)
     knew, vnew = torch.randn(sum(new), HKV * D, generator=gen), torch.randn(sum(new), HKV * D, generator=gen)
-    fm = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed_one_token": ForwardMode.MIXED}[mode]
+    fm = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed_one_token": ForwardMode.MIXED,
+          "mixed": ForwardMode.MIXED}[mode]
     fb = SimpleNamespace(
         forward_mode=fm, req_pool_indices=rows, seq_lens=torch.tensor(seq_lens), seq_lens_cpu=torch.tensor(seq_lens),
         out_cache_loc=out_loc, encoder_lens=None, extend_prefix_lens=torch.tensor(prefix),

@@ -428,3 +428,19 @@ def test_min_stint_keeps_young_running_requests_out_of_lvf_victims(monkeypatch: 
         assert rotatable == {100.5: False, 104.9: False, 105.0: True, 130.0: True}
     else:
         assert all(rotatable.values())
+
+
+@pytest.mark.parametrize("blocked", [None, "w2"])
+def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypatch: pytest.MonkeyPatch,
+                                                                       blocked: str | None) -> None:
+    """runtime._step's queue for SGLang's adder: LVF's admissions, then every other waiting
+    request in arrival order, unless LVF stopped at an urgent request that did not fit: then only
+    that one (token-exact admission may still fit it), so nobody takes the memory it waits for."""
+    h = Harness(monkeypatch)
+    waiting = [Req(f"w{i}", [1, 2, 3], [], SimpleNamespace(holds_kv=False)) for i in range(4)]
+    h.sched.waiting_queue = list(waiting)
+    h.rt.observe([], 100.0)  # their clocks
+    h.decisions.append(Decision(admit=("w3",), contention=True, blocked=blocked))
+    queue = h.rt._step(h.batch, [], 100.0)
+    want = ["w3", "w2"] if blocked else ["w3", "w0", "w1", "w2"]
+    assert [r.rid for r in queue] == want
