@@ -7,8 +7,10 @@ ignore_eos, greedy):
   prefill  TTFT of one request alone at several prompt lengths  -> base + per token + per pair
   decode   median inter-token gap of B identical concurrent requests at two context lengths
            -> base + per decoding request + per context token
-and times the server's own CPU rotation path (duplexkv.RotationEngine, transfer "torch") for the
-model's KV shape at a few sizes -> the link model. Fits by least squares; keeps the raw points.
+and what a client pays outside the scheduler on the A/B's path (server.request_overhead_s: TTFT
+through /v1/chat/completions minus TTFT through /generate for the same templated ids), and times
+the server's own CPU rotation path (duplexkv.RotationEngine, transfer "torch") for the model's KV
+shape at a few sizes -> the link model. Fits by least squares; keeps the raw points.
 
 Then the whole cost of a rotation as the server pays it (step.per_resume_s): two RotaSched servers
 side by side, one forcing a rotation every few iterations (SUPERINFER_TEST_ROTATE_INTERVAL), run
@@ -16,9 +18,9 @@ the same batch of identical requests in alternation; (forced - plain wall time) 
 what the simulator already charges for the resume's one-token extend.
 
 Usage: python scripts/profile_cpu_server.py [--out profiles/cpu-smollm2-135m.json] [--port 31234]
-       [--max-total-tokens 16384] [--quick] [--resume-only]
-Takes about 4-6 minutes on a 2-core machine (server starts included); --resume-only re-measures
-only the rotation cost into an existing profile (about 2 minutes).
+       [--max-total-tokens 16384] [--quick] [--resume-only | --overhead-only]
+Takes about 4-6 minutes on a 2-core machine (server starts included); --resume-only and
+--overhead-only re-measure one figure into an existing profile (about 1-2 minutes each).
 """
 
 from __future__ import annotations
@@ -124,6 +126,55 @@ def measure_decode(base: str, batch: int, ctx: int, new_tokens: int, skip: int =
             "step_low_s": low(gaps)}
 
 
+def _first_content_s(resp: requests.Response) -> float:
+    """Seconds until the first streamed chunk carrying output (chat: non-empty delta content)."""
+    for line in resp.iter_lines():
+        if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        choice = (chunk.get("choices") or [{}])[0]
+        if "text" in chunk or (choice.get("delta") or {}).get("content"):
+            return time.perf_counter()
+    raise RuntimeError("stream ended without output")
+
+
+def measure_overhead(base: str, reps: int) -> dict:
+    """What a client pays outside the scheduler on the A/B's path: TTFT through
+    /v1/chat/completions (chat template, tokenization, OpenAI streaming) minus TTFT through
+    /generate with the same templated token ids. Every prompt is distinct (no prefix-cache hits
+    beyond the template's)."""
+    from transformers import AutoTokenizer
+
+    from superinfer_sgl.model_prep import prepare_default_model
+    from superinfer_sgl.sim.validate import chat_ids
+
+    tok = AutoTokenizer.from_pretrained(prepare_default_model())
+    chat, gen = [], []
+    for k in range(reps):
+        for path in ("chat", "generate"):
+            words = " ".join(f"{path}{k}w{i}" for i in range(60))
+            msgs = [{"role": "user", "content": f"[{path} {k}] {words}"}]
+            t0 = time.perf_counter()
+            if path == "chat":
+                body = {"model": "default", "messages": msgs, "max_tokens": 2, "stream": True,
+                        "temperature": 0}
+                with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
+                    r.raise_for_status()
+                    chat.append(_first_content_s(r) - t0)
+            else:
+                ids = chat_ids(tok, msgs)
+                t0 = time.perf_counter()  # tokenizing here is not the server's time
+                body = {"input_ids": ids, "stream": True,
+                        "sampling_params": {"max_new_tokens": 2, "ignore_eos": True, "temperature": 0}}
+                with requests.post(base + "/generate", json=body, stream=True, timeout=600) as r:
+                    r.raise_for_status()
+                    gen.append(_first_content_s(r) - t0)
+    overhead = max(0.0, statistics.median(chat) - statistics.median(gen))
+    print(f"request overhead (chat path): {overhead * 1000:.1f} ms (chat TTFT {statistics.median(chat) * 1000:.1f}"
+          f" ms, /generate {statistics.median(gen) * 1000:.1f} ms)", flush=True)
+    return {"chat_ttft_s": chat, "generate_ttft_s": gen, "overhead_s": overhead}
+
+
 def run_batch(base: str, batch: int, ctx: int, new_tokens: int) -> tuple[float, int]:
     """`batch` identical-length requests at once; (wall seconds, rotations they went through)."""
     def one(i: int) -> int:
@@ -197,6 +248,9 @@ def fit_step(prefill: list[dict], decode: list[dict], stat: str = "median") -> d
     }
 
 
+OVERHEAD_ASSUMPTION = (
+    "request_overhead_s = median TTFT through /v1/chat/completions (the A/B's path) minus median "
+    "TTFT through /generate with the same templated token ids, distinct prompts, server idle")
 RESUME_ASSUMPTION = (
     "per_resume_s = extra wall time per forced rotation of a RotaSched server (mixed resume on) over "
     "the same batch without rotations, less the resume's one-token extend: the scheduler's "
@@ -274,11 +328,13 @@ def build_profile(shape: dict, step: dict, link: list[dict], raw: dict, max_tota
             "a time (duplex: none); segment = one layer's K (or V) of the moved tokens",
             "kv_tokens = the --max-total-tokens of the profiling run; replays override it",
             RESUME_ASSUMPTION,
+            OVERHEAD_ASSUMPTION,
         ],
         "model": {"name": shape["name"], "layers": shape["layers"],
                   "kv_bytes_per_token": shape["kv_bytes_per_token"]},
         "server": {"kv_tokens": max_total, "chunked_prefill_tokens": 8192, "max_prefill_tokens": 16384,
-                   "max_running_requests": 4096, "host_kv_tokens": 2_000_000},
+                   "max_running_requests": 4096, "host_kv_tokens": 2_000_000,
+                   "request_overhead_s": raw["overhead"]["overhead_s"]},
         "step": step,
         "link": {"name": "CPU memory (RotationEngine torch path)",
                  "segment_bytes": [r["segment_bytes"] for r in link],
@@ -301,8 +357,30 @@ def main() -> None:
                     help="fit typical (median) or least-contended (min / p10) times")
     ap.add_argument("--resume-only", action="store_true",
                     help="re-measure only step.per_resume_s into the existing --out profile")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="re-measure only server.request_overhead_s into the existing --out profile")
     args = ap.parse_args()
     reps = 2 if args.quick else 5
+    if args.overhead_only:
+        profile = json.loads(args.out.read_text())
+        port = args.port or free_port()
+        log = REPO / "results" / "sim_cpu_profile_overhead.log"
+        proc = start_server(port, args.max_total_tokens, log)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            stream(f"http://127.0.0.1:{port}", 16, 4, seed=1)  # warm-up
+            over = measure_overhead(f"http://127.0.0.1:{port}", 2 * reps)
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=60)
+        over["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        profile["server"]["request_overhead_s"] = over["overhead_s"]
+        profile["measurements"]["overhead"] = over
+        if OVERHEAD_ASSUMPTION not in profile["assumptions"]:
+            profile["assumptions"].append(OVERHEAD_ASSUMPTION)
+        args.out.write_text(json.dumps(profile, indent=1) + "\n")
+        print("wrote", args.out, "request_overhead_s:", over["overhead_s"])
+        return
     if args.resume_only:
         profile = json.loads(args.out.read_text())
         resume = measure_resume(args.max_total_tokens, reps)
@@ -338,6 +416,7 @@ def main() -> None:
         stream(base, 16, 4, seed=1)  # warm-up
         raw["prefill"] = measure_prefill(base, lengths, reps=2 if args.quick else 3)
         raw["decode"] = [measure_decode(base, b, c, 16 if args.quick else 24) for b, c in decodes]
+        raw["overhead"] = measure_overhead(base, 2 * reps)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)

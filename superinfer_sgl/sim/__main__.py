@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--validate", type=Path, metavar="AB_JSON",
                     help="replay an A/B result (results/ab_cpu.json, or its folder) and compare")
     ap.add_argument("--validate-profile", default="cpu-smollm2-135m", help="cost profile for --validate")
+    ap.add_argument("--rescale", action="store_true",
+                    help="--validate: scale the profile's speed to the A/B's own speed probe (a what-if: "
+                         "it did not help on 2026-11-22, see docs/sim.md)")
     ap.add_argument("--map", action="append", default=[], metavar="SYSTEM=POLICY",
                     help="--validate: simulate an A/B system with this policy (e.g. superinfer=lvf-duplex)")
     sub = ap.add_subparsers(dest="cmd")
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         from superinfer_sgl.sim import validate
 
         mapping = dict(m.split("=", 1) for m in a.map)
-        report = validate.run(a.validate, a.validate_profile, RESULTS, mapping)
+        report = validate.run(a.validate, a.validate_profile, RESULTS, mapping, rescale=a.rescale)
         print(validate.markdown(report))
         return 0 if report["all_pass"] else 1
     if a.cmd == "run":

@@ -70,7 +70,8 @@ class Simulator:
                  config: SimConfig | None = None) -> None:
         self.workload, self.profile, self.policy = workload, profile, policy
         self.config = config or SimConfig()
-        self.reqs = [new_req(s, policy.prefix_cache) for s in workload.requests]
+        delay = self._delay = profile.server.request_overhead_s
+        self.reqs = [new_req(s, policy.prefix_cache, delay) for s in workload.requests]
         self.engine = make_engine(policy.transfer, profile.link, profile.model, self.config.block_tokens)
         self.kv_bytes = profile.model.kv_bytes_per_token
         # The radix cache holds the shared prompt prefix once, outside every request's allocation.
@@ -138,7 +139,8 @@ class Simulator:
     # ---- arrivals and idling -----------------------------------------------------------------
     def _arrive(self) -> None:
         reqs, n = self.reqs, len(self.reqs)
-        while self._next < n and reqs[self._next].spec.arrival <= self.now:
+        seen = self.now - self._delay  # sent by then, so at the scheduler by now
+        while self._next < n and reqs[self._next].spec.arrival <= seen:
             r = reqs[self._next]
             self._next += 1
             if r.spec.prompt_tokens + r.spec.output_tokens > self.capacity:
@@ -150,7 +152,7 @@ class Simulator:
 
     def _idle(self) -> None:
         if self._next < len(self.reqs):
-            self.now = max(self.now, self.reqs[self._next].spec.arrival)
+            self.now = max(self.now, self.reqs[self._next].spec.arrival + self._delay)
         elif self._done < len(self.reqs):
             self.stats.stalled = True  # work left, none runnable, nothing to wait for
 

@@ -40,9 +40,14 @@ class ServerLimits:
     max_prefill_tokens: int = 16384  # SGLang --max-prefill-tokens
     max_running_requests: int = 4096
     host_kv_tokens: int = 10**9  # host memory for rotated-out / swapped KV
+    # Client-side latency outside the scheduler (HTTP, chat template, tokenization, streaming the
+    # first token back): a request reaches the scheduler this much after it was sent, and its
+    # TTFT (measured from the send, as a client does) includes it.
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.kv_tokens >= 1 and self.max_prefill_tokens >= 1, self
+        assert math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0, self
         assert self.chunked_prefill_tokens is None or self.chunked_prefill_tokens >= 1, self
 
 

@@ -63,13 +63,14 @@ class SimReq:
 _SLOS: dict[tuple[float, float], Slo] = {}
 
 
-def new_req(spec: RequestSpec, prefix_cache: bool = True) -> SimReq:
+def new_req(spec: RequestSpec, prefix_cache: bool = True, delay: float = 0.0) -> SimReq:
     """`prefix_cache`: the server reuses spec.cached_tokens from its prefix cache (SGLang's radix
-    tree); without one (vLLM V0's default) every prompt token is computed and allocated."""
+    tree); without one (vLLM V0's default) every prompt token is computed and allocated. `delay`:
+    the request reaches the scheduler, whose clock (VLT) starts then, this long after spec.arrival."""
     key = (spec.ttft_slo, spec.tbt_slo)
     slo = _SLOS.get(key)
     if slo is None:
         slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0)
     shared = spec.cached_tokens if prefix_cache else 0
-    return SimReq(spec, ReqClock(spec.rid, spec.arrival, slo), kv=shared, shared=shared,
+    return SimReq(spec, ReqClock(spec.rid, spec.arrival + delay, slo), kv=shared, shared=shared,
                   slo_s=(slo.ttft_s, slo.tbt_s))

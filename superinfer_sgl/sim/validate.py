@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from superinfer_sgl.sim.engine import SimConfig
@@ -37,6 +37,8 @@ MODEL_GAPS = (
     "are only in the profile's fitted intercepts",
     "all systems: the shared prompt prefix stays in the radix cache (never evicted) and is allocated "
     "once; prefixes shared beyond it are reused only as far as the first request's tokens go",
+    "all systems: a mixed chunk costs what the additive step model says (prefill tokens plus decode "
+    "rows); its real cost was not measured separately",
 )
 
 
@@ -116,11 +118,22 @@ def ab_prompt_ids(doc: dict, ab_path: Path) -> list[list[int]] | None:
     except ImportError:
         return None
     tok = AutoTokenizer.from_pretrained(model)
+    reqs = doc["config"]["requests"]
     rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
-    if len(rows) != len(doc["config"]["requests"]) or not all("messages" in r for r in rows):
+    if len(rows) != len(reqs) or not all("messages" in r for r in rows):
         return None
-    return [list(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True))
-            for r in rows]
+    ids = [chat_ids(tok, r["messages"]) for r in rows]
+    # The harness recorded each templated prompt's length: the ids must be the server's.
+    if any(len(i) != int(r["prompt_tokens"]) for i, r in zip(ids, reqs)):
+        return None
+    return ids
+
+
+def chat_ids(tok: object, messages: list[dict]) -> list[int]:
+    """Token ids of a chat-templated prompt. transformers 5 returns a BatchEncoding, 4 a list."""
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
+    ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+    return [int(x) for x in ids]
 
 
 def ab_points(doc: dict) -> list[AbPoint]:
@@ -189,12 +202,51 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
                      min_stint_s=float(stint) / 1000.0 if stint is not None else 0.0)
 
 
-def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None) -> dict:
+PROBE_OUT_TOKENS = 24  # bench.calibrate.probe's default: decode gaps come from 24-token outputs
+
+
+def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
+    """How much slower (> 1) or faster the machine was during the A/B than during profiling, from
+    the A/B's own speed probe of the stock server (bench.calibrate.probe: one lone request's TTFT
+    for the mean prompt, median decode gaps at batch 1, 4, 8). A shared machine drifts by tens of
+    percent over an hour; the probe runs minutes before the sweep. Decode: mean ratio of the probe's
+    gaps to the profile's step times; prefill: the same for the lone TTFT, its decode-base part
+    scaled like decode. None without a probe."""
+    speed = (calibration or {}).get("speed") or {}
+    steps, per_tok = speed.get("steps_ms"), speed.get("prefill_ms_per_token")
+    prompt = (calibration or {}).get("mean_prompt_tokens")
+    if not steps or not per_tok or not prompt:
+        return None
+    step, n = profile.step, int(prompt)
+    ctx = n + PROBE_OUT_TOKENS // 2
+    decode = sum(ms / 1000.0 / step.seconds(decode_reqs=b, decode_context=b * ctx) for b, ms in steps) / len(steps)
+    ttft = per_tok * n / 1000.0 - profile.server.request_overhead_s
+    base = step.base_s
+    prefill = (ttft - base * decode) / (step.prefill_alone(n) - base)
+    return {"decode": decode, "prefill": prefill}
+
+
+def scaled(profile: Profile, scales: dict | None) -> Profile:
+    """The profile with its decode-side costs (base, per decode row, per context token, per
+    resume) times scales['decode'] and its prefill-side costs times scales['prefill']."""
+    if not scales:
+        return profile
+    st, d, f = profile.step, scales["decode"], scales["prefill"]
+    step = replace(st, base_s=st.base_s * d, per_decode_token_s=st.per_decode_token_s * d,
+                   per_context_token_s=st.per_context_token_s * d, per_resume_s=st.per_resume_s * d,
+                   prefill_base_s=st.prefill_base_s * f, per_prefill_token_s=st.per_prefill_token_s * f,
+                   per_prefill_pair_s=st.per_prefill_pair_s * f, per_prefill_req_s=st.per_prefill_req_s * f)
+    return replace(profile, step=step)
+
+
+def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None,
+             rescale: bool = False) -> dict:
     ab_path = find_ab(ab_path)
     doc = json.loads(ab_path.read_text())
     cfg = doc["config"]
-    prof = profile.with_server(kv_tokens=int(cfg["kv_tokens"]),
-                               chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
+    scales = speed_scales(profile, doc.get("calibration")) if rescale else None
+    prof = scaled(profile, scales).with_server(kv_tokens=int(cfg["kv_tokens"]),
+                                               chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
     mapping = {**SYSTEM_POLICY, **(policy_map or {})}
     prompt_ids = ab_prompt_ids(doc, ab_path)
     rows = []
@@ -225,7 +277,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
             "noise_band": doc.get("noise_band"), "twin_agreement": twins, "model_gaps": list(MODEL_GAPS),
             "prefix_cache": "chat-templated prompts tokenized: shared prefixes reused" if prompt_ids
             else "not modelled (no dataset.jsonl or tokenizer): every prompt token computed",
-            "per_resume_s": prof.step.per_resume_s,
+            "per_resume_s": prof.step.per_resume_s, "speed_scales": scales,
             "rows": rows, "all_pass": bool(rows) and all(r["delta"]["pass"] for r in rows),
             "judgeable_pass": (bool(judged) and all(r["delta"]["pass"] for r in judged)) if twins else None}
 
@@ -250,8 +302,12 @@ def twin_agreement(doc: dict) -> dict[float, dict]:
 
 
 def markdown(report: dict) -> str:
+    sc = report.get("speed_scales")
+    speed = (f"; profile speed scaled to the A/B's probe: decode x{sc['decode']:.2f}, prefill "
+             f"x{sc['prefill']:.2f}" if sc else "; profile speed as measured")
     lines = [f"Validation of {report['profile']} against {report['ab']} "
-             f"(KV {report['kv_tokens']} tokens, chunked prefill {report['chunked_prefill']})", "",
+             f"(KV {report['kv_tokens']} tokens, chunked prefill {report['chunked_prefill']}{speed}; "
+             f"prefix cache: {report.get('prefix_cache', '-')})", "",
              "| system (policy) | rate | TTFT att. meas / sim | joint att. meas / sim | P50 TTFT s meas / sim "
              "| rotations meas / sim | pass |",
              "|---|---|---|---|---|---|---|"]
@@ -287,10 +343,11 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(ab_path: Path, profile_name: str, out_dir: Path, policy_map: dict[str, str] | None = None) -> dict:
+def run(ab_path: Path, profile_name: str, out_dir: Path, policy_map: dict[str, str] | None = None,
+        rescale: bool = False) -> dict:
     from superinfer_sgl.sim.plots import plot_validation
 
-    report = validate(ab_path, resolve_profile(profile_name), policy_map)
+    report = validate(ab_path, resolve_profile(profile_name), policy_map, rescale)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "sim_validate_" + Path(report["ab"]).parent.name
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -133,3 +133,24 @@ def test_the_default_rotation_quantum_is_the_servers() -> None:
     quantum = sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224)).run()
     paper = sim_of(specs, policy="lvf-duplex", prof=profile(kv_tokens=224), min_stint_s=0.0).run()
     assert quantum.reqs[0].rotations == 0 < paper.reqs[0].rotations
+
+
+def test_request_overhead_delays_the_scheduler_and_counts_in_ttft() -> None:
+    prof = profile()
+    prof = replace(prof, server=replace(prof.server, request_overhead_s=0.05))
+    sim = sim_of([RequestSpec("r0", 1.0, 10, 3)], prof=prof).run()
+    r = sim.reqs[0]
+    assert r.clock.arrival == pytest.approx(1.05)  # the server's clock starts when it sees it
+    assert ttft(sim, 0) == pytest.approx(0.05 + 0.020)  # the client's TTFT includes the path
+
+
+@pytest.mark.parametrize("shape", ["list", "batch_encoding"])
+def test_chat_ids_reads_either_transformers_return_type(shape: str) -> None:
+    from superinfer_sgl.sim.validate import chat_ids
+
+    class Tok:
+        def apply_chat_template(self, messages: list[dict], **_: object) -> object:
+            ids = [1, 2, 3]
+            return ids if shape == "list" else {"input_ids": ids, "attention_mask": [1, 1, 1]}
+
+    assert chat_ids(Tok(), [{"role": "user", "content": "x"}]) == [1, 2, 3]
