@@ -181,7 +181,8 @@ def _flag(cmd: list[str], name: str) -> str | None:
 def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimConfig:
     """The simulator settings that match how `system`'s server was launched.
 
-    Rotation quantum: --min-stint-ms (absent: 0, the servers before the option). Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
+    Rotation quantum: --min-stint-ms (absent: 0, the servers before the option).
+    Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
     --no-mixed-resume (launch_server.prepare). Rotation budget: --rotation-budget-blocks, else the
     runtime's default (RotaSchedRuntime._budget: an eighth of the pool in rotation blocks, at
     most the paper's 2400, at least 1). Without the A/B's command lines: SimConfig's defaults.

@@ -154,3 +154,20 @@ def test_chat_ids_reads_either_transformers_return_type(shape: str) -> None:
             return ids if shape == "list" else {"input_ids": ids, "attention_mask": [1, 1, 1]}
 
     assert chat_ids(Tok(), [{"role": "user", "content": "x"}]) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("slower", [1.0, 2.0])
+def test_speed_scales_read_the_ab_probe(slower: float) -> None:
+    """--rescale: a probe that measured exactly what the profile predicts scales by 1; one twice
+    as slow on every figure scales both sides by 2."""
+    from superinfer_sgl.sim.validate import PROBE_OUT_TOKENS, scaled, speed_scales
+
+    prof, n = profile(), 100
+    ctx = n + PROBE_OUT_TOKENS // 2
+    steps = [[b, 1000.0 * slower * STEP.seconds(decode_reqs=b, decode_context=b * ctx)] for b in (1, 4, 8)]
+    cal = {"speed": {"steps_ms": steps, "prefill_ms_per_token": 1000.0 * slower * STEP.prefill_alone(n) / n},
+           "mean_prompt_tokens": n}
+    sc = speed_scales(prof, cal)
+    assert sc == pytest.approx({"decode": slower, "prefill": slower})
+    assert scaled(prof, sc).step.seconds(10, 50.0, 1, 4, 100) == pytest.approx(slower * STEP.seconds(10, 50.0, 1, 4, 100))
+    assert speed_scales(prof, {}) is None and scaled(prof, None) is prof
