@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from superinfer_sgl.launch_checks import flag_value
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
@@ -168,16 +169,6 @@ def compare(measured: dict, simulated: dict) -> dict:
     return {"ttft_points": d_ttft, "joint_points": d_joint, "p50_ttft_rel": rel, "pass": ok}
 
 
-def _flag(cmd: list[str], name: str) -> str | None:
-    """The value of `name VALUE` or `name=VALUE` in a server command line, or None."""
-    for i, arg in enumerate(cmd):
-        if arg == name and i + 1 < len(cmd):
-            return cmd[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimConfig:
     """The simulator settings that match how `system`'s server was launched.
 
@@ -192,13 +183,13 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
         return SimConfig()  # an older A/B file without its command lines: the defaults
     ours = "superinfer_sgl.launch_server" in cmd
     mixed = "--enable-mixed-chunk" in cmd or (
-        ours and _flag(cmd, "--scheduler") != "sglang" and "--no-mixed-resume" not in cmd)
-    bt = int(_flag(cmd, "--rotary-block-tokens") or 16)
-    budget = _flag(cmd, "--rotation-budget-blocks")
+        ours and flag_value(cmd, "--scheduler") != "sglang" and "--no-mixed-resume" not in cmd)
+    bt = int(flag_value(cmd, "--rotary-block-tokens") or 16)
+    budget = flag_value(cmd, "--rotation-budget-blocks")
     blocks = int(budget) if budget is not None else max(1, min(PAPER_BUDGET_BLOCKS, kv_tokens // bt // 8))
     # The harness spells out --min-stint-ms since the option exists; an A/B without it ran a
     # server that had no rotation quantum.
-    stint = _flag(cmd, "--min-stint-ms")
+    stint = flag_value(cmd, "--min-stint-ms")
     return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed,
                      min_stint_s=float(stint) / 1000.0 if stint is not None else 0.0)
 

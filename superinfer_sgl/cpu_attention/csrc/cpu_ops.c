@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "exp512.h"
 
 static inline float rbf(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
@@ -130,28 +131,8 @@ int superinfer_rope_bf16(const int64_t *pos, const uint16_t *x, int64_t xs, uint
 
 /* SiLU-and-mul: out[t, i] = silu(x[t, i]) * x[t, d + i], i < d, as F.silu(x[..., :d]) * x[..., d:]:
  * silu(g) = g / (1 + exp(-g)) in float32, rounded to the dtype, then the product rounded.
- * exp: glibc's expf would stay scalar (its vector variants need -ffast-math), so AVX-512 uses
- * Cephes' expf polynomial (relative error < 2e-7, as in paged_decode.c) with an exact 2^n
- * scale, the argument clamped to [-87, 88]; torch uses Sleef's (< 1 ulp): results differ in the
- * last bit at most (bf16: after rounding, almost never). */
-#ifdef __AVX512F__
-#include <immintrin.h>
-static inline __m512 exp512(__m512 v) {
-    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-    __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(e, _mm512_set1_ps(0.693359375f), v);
-    r = _mm512_fnmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, e);
-}
-#endif
+ * exp: AVX-512 uses exp512.h (Cephes, relative error < 2e-7); torch uses Sleef's (< 1 ulp):
+ * results differ in the last bit at most (bf16: after rounding, almost never). */
 
 #define CHUNK 256 /* elements per block: no size limit, small stack buffers */
 

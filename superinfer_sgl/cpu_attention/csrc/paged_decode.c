@@ -29,6 +29,7 @@ static inline void prefetch_row(const void *p, size_t bytes) {
 }
 
 #include "bf16.h"
+#include "exp512.h"
 
 /* q . k over d < D. The hot loop of the score pass: with AVX-512 one fused multiply-add chain
  * and one tree reduction per dot product (the auto-vectorised loop reduced lane by lane). */
@@ -45,9 +46,7 @@ static inline float dot(const float *a, const float *b, int D) {
     return s;
 }
 
-/* x[j] = exp(x[j] - m) for j < n; returns the sum. glibc's expf is scalar here (its vector
- * variants need -ffast-math, which would break the -INFINITY max), so AVX-512 uses Cephes'
- * expf polynomial (relative error < 2e-7) with an exact 2^n scale. */
+/* x[j] = exp(x[j] - m) for j < n; returns the sum (AVX-512: exp512.h). */
 static inline float exp_shift_sum(float *x, int64_t n, float m) {
     float sum = 0.f;
     int64_t j = 0;
@@ -56,19 +55,8 @@ static inline float exp_shift_sum(float *x, int64_t n, float m) {
     __m512 acc = _mm512_setzero_ps();
     for (; j < n; j += 16) {
         const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
-        __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm), _mm512_set1_ps(-87.f));
-        __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(e, _mm512_set1_ps(0.693359375f), v);
-        r = _mm512_fnmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), r);
-        __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-        p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-        p = _mm512_maskz_mov_ps(k, _mm512_scalef_ps(p, e));
+        /* x[j] <= m, so exp512's upper clamp never applies: the same bits as clamping below only. */
+        __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm)));
         _mm512_mask_storeu_ps(x + j, k, p);
         acc = _mm512_add_ps(acc, p);
     }
