@@ -17,6 +17,10 @@ from that machine (its device name is recorded in the JSON). One call does every
                         block_bytes / (2 * layers)
      Kernel paths run a persistent grid capped at --max-sms programs; the JSON records the count.
   2. SM sweep: both kernel paths at one block size with 1..all programs.
+  2b. Segment sweep: back-to-back copies of one contiguous segment size each (4 KB .. 16 MB), one way
+     and both ways at once: the per-copy points of the simulator's link model (sim/profile.py);
+     issued from Python (as our naive path does) and from a captured CUDA graph (as a C++ loop would).
+  2c. Tuning sweep: both kernel paths at --max-sms programs for several tile sizes and warp counts.
   3. One rotation of a Llama-3-8B-shaped request (32 layers, 8 KV heads, head_dim 128, bf16, 4096
      tokens = 512 MiB) out and back in through RotationEngine, checked bit-exact.
 Bytes per direction are KV payload bytes: tokens x layers x 2 x kv_heads x head_dim x element size.
@@ -38,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -132,6 +136,7 @@ class Rig:
     block_tokens: int
     tokens: int  # n, per direction
     max_sms: int
+    tuning: dict = field(default_factory=dict)  # tile_words / num_warps for the kernels (default: theirs)
 
     @property
     def token_bytes(self) -> int:
@@ -224,7 +229,8 @@ def _launch(rig: Rig, direction: str, tokens: int, blocks_mem: torch.Tensor, b0:
     ids = torch.arange(b0, b0 + nb, device=dev)
     fn = _kernels().gather_kv_blocks if direction == "out" else _kernels().scatter_kv_blocks
     p = rig.pool
-    fn(p.k_ptrs, p.v_ptrs, slots, blocks_mem, ids, layer_shape=p.layer_shape, dtype=p.dtype, max_programs=programs)
+    fn(p.k_ptrs, p.v_ptrs, slots, blocks_mem, ids, layer_shape=p.layer_shape, dtype=p.dtype, max_programs=programs,
+       **rig.tuning)
 
 
 def triton_direct(rig: Rig, direction: str, tokens: int) -> Iterator[None]:
@@ -383,6 +389,111 @@ def run_sm_sweep(cfg: Config, streams: Streams) -> list[dict]:
     return rows
 
 
+TUNINGS = [(4096, 4), (8192, 8), (16384, 8), (16384, 16), (32768, 16)]  # (tile_words, num_warps)
+
+
+def run_tuning_sweep(cfg: Config, streams: Streams) -> list[dict]:
+    """Both kernel paths at --max-sms programs, 4 MB blocks, for several tile sizes and warp counts:
+    bytes in flight per program is what a capped grid needs to hide latency."""
+    if cfg.device.type != "cuda":
+        return []
+    rig = build_rig(cfg, 4 * MB)
+    rows = []
+    for tile_words, num_warps in TUNINGS:
+        rig.tuning = dict(tile_words=tile_words, num_warps=num_warps)
+        for method in ("triton-direct", "triton-dma"):
+            for directions in (("out",), ("in",), ("out", "in")):
+                def one(method=method, directions=directions):
+                    s = measure(cfg, streams, rig, method, directions, rig.tokens)
+                    label = directions[0] if len(directions) == 1 else "both"
+                    return [dict(method=method, direction=label, programs=rig.max_sms, tile_words=tile_words,
+                                 num_warps=num_warps, seconds=s, gbps_per_direction=rig.tokens * rig.token_bytes / s / 1e9)]
+                rows.extend(guarded(one, method=method, tile_words=tile_words, num_warps=num_warps))
+    rig.tuning = {}
+    return rows
+
+
+SEGMENT_SIZES_GPU = [4 * 2**10, 16 * 2**10, 32 * 2**10, 64 * 2**10, 256 * 2**10, MB, 4 * MB, 8 * MB, 16 * MB]
+
+
+def run_segment_sweep(cfg: Config, streams: Streams) -> list[dict]:
+    """GB/s of back-to-back copies of one segment size (one cudaMemcpyAsync each) between a device
+    buffer and pinned host memory; each direction has its own buffers so both can run at once."""
+    cuda = cfg.device.type == "cuda"
+    sizes = SEGMENT_SIZES_GPU if cuda else [2**10, 4 * 2**10]
+    volume = min(cfg.volume, 256 * MB) if cuda else cfg.volume
+    dev = {d: torch.empty(volume, dtype=torch.uint8, device=cfg.device) for d in ("out", "in")}
+    host = {d: torch.empty(volume, dtype=torch.uint8, pin_memory=cuda) for d in ("out", "in")}
+    for t in (*dev.values(), *host.values()):
+        t.random_(0, 256)
+    stream_of = {"out": streams.out, "in": streams.into}
+    rows = []
+    for seg in sizes:
+        count = max(1, min(volume // seg, cfg.max_copy_ops))
+
+        def copies(direction: str) -> Iterator[None]:
+            for i in range(count):
+                d, h = dev[direction][i * seg : (i + 1) * seg], host[direction][i * seg : (i + 1) * seg]
+                (h.copy_(d, non_blocking=True) if direction == "out" else d.copy_(h, non_blocking=True))
+                yield
+
+        for directions in (("out",), ("in",), ("out", "in")):
+            def one(directions=directions) -> list[dict]:
+                run = lambda: drain(streams, [(stream_of[d], copies(d)) for d in directions])  # noqa: E731
+                s = median_seconds(streams, run, cfg.iters)
+                label = directions[0] if len(directions) == 1 else "both"
+                return [dict(segment_bytes=seg, copies=count, direction=label, seconds=s,
+                             gbps_per_direction=count * seg / s / 1e9)]
+            rows.extend(guarded(one, segment_bytes=seg, directions=directions))
+    return rows
+
+
+def run_segment_sweep_graph(cfg: Config, streams: Streams) -> list[dict]:
+    """The segment sweep's copies issued from a captured CUDA graph (cupy's cudaMemcpyAsync, captured
+    with torch): no Python per copy, close to what a C++ copy loop such as vLLM's swap_blocks pays."""
+    if cfg.device.type != "cuda":
+        return []
+    try:
+        import cupy
+    except ImportError:
+        return [dict(error="cupy not installed: no graph-issued segment sweep")]
+    volume = min(cfg.volume, 256 * MB)
+    dev = {d: torch.empty(volume, dtype=torch.uint8, device=cfg.device).random_(0, 256) for d in ("out", "in")}
+    host = {d: torch.empty(volume, dtype=torch.uint8, pin_memory=True).random_(0, 256) for d in ("out", "in")}
+    kind = {"out": 2, "in": 1}  # cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice
+    stream_of = {"out": streams.out, "in": streams.into}
+    rows = []
+    for seg in SEGMENT_SIZES_GPU:
+        count = max(1, min(volume // seg, 1024))
+
+        def capture(direction: str) -> torch.cuda.CUDAGraph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream_of[direction]):
+                raw = torch.cuda.current_stream().cuda_stream
+                for i in range(count):
+                    d, h = dev[direction].data_ptr() + i * seg, host[direction].data_ptr() + i * seg
+                    src, dst = (d, h) if direction == "out" else (h, d)
+                    cupy.cuda.runtime.memcpyAsync(dst, src, seg, kind[direction], raw)
+            return graph
+
+        def one() -> list[dict]:
+            graphs = {d: capture(d) for d in ("out", "in")}
+            out = []
+            for directions in (("out",), ("in",), ("out", "in")):
+                def run(directions=directions) -> None:
+                    for d in directions:
+                        with torch.cuda.stream(stream_of[d]):
+                            graphs[d].replay()
+                s = median_seconds(streams, run, cfg.iters)
+                label = directions[0] if len(directions) == 1 else "both"
+                out.append(dict(segment_bytes=seg, copies=count, direction=label, seconds=s, issue="cuda-graph",
+                                gbps_per_direction=count * seg / s / 1e9))
+            return out
+
+        rows.extend(guarded(one, segment_bytes=seg, issue="cuda-graph"))
+    return rows
+
+
 def guarded(fn: Callable[[], list[dict]], **where: object) -> list[dict]:
     """One failing measurement must not lose the rest of a 30-minute GPU session."""
     try:
@@ -501,7 +612,7 @@ def plot(result: dict, png: Path) -> bool:
 
 def summarize(result: dict) -> None:
     print(f"device: {result['meta']['device']}")
-    for r in result["sweep"]:
+    for r in result.get("sweep", []):
         if "error" in r:
             print(f"  {r['method']:<34} {r['block_bytes']:>9} B  ERROR {r['error']}")
             continue
@@ -509,10 +620,20 @@ def summarize(result: dict) -> None:
             print(f"  {r['method']:<34} {r['block_bytes']:>9} B  one block out {r['latency_us']:10.1f} us")
         else:
             print(f"  {r['method']:<34} {r['block_bytes']:>9} B  {r['direction']:<5} {r['gbps_per_direction']:9.3f} GB/s")
-    for r in result["sm_sweep"]:
+    for r in result.get("sm_sweep", []):
         if "error" not in r:
             print(f"  {r['method']:<14} {r['direction']:<3} {r['programs']:>4} programs {r['gbps']:8.2f} GB/s")
-    for r in result["rotation"]:
+    for r in result.get("segments", []):
+        if "error" not in r:
+            print(f"  segment {r['segment_bytes']:>9} B x {r['copies']:>5} {r['direction']:<4} {r['gbps_per_direction']:8.2f} GB/s")
+    for r in result.get("segments_graph", []):
+        if "error" not in r:
+            print(f"  graph segment {r['segment_bytes']:>9} B x {r['copies']:>5} {r['direction']:<4} {r['gbps_per_direction']:8.2f} GB/s")
+    for r in result.get("tuning", []):
+        if "error" not in r:
+            print(f"  tuning {r['method']:<14} tile {r['tile_words']:>6} warps {r['num_warps']:>2} {r['direction']:<4} "
+                  f"{r['gbps_per_direction']:8.2f} GB/s")
+    for r in result.get("rotation", []):
         if "error" in r:
             print(f"  rotation {r['transfer']:<14} ERROR {r['error']}")
         else:
@@ -539,11 +660,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg = config_from_args(args)
     streams = Streams(cfg.device)
-    result = {"meta": meta(cfg), "sweep": run_sweep(cfg, streams), "sm_sweep": run_sm_sweep(cfg, streams),
-              "rotation": run_rotation(cfg, streams)}
-    out = args.out or REPO / "results" / f"kv_transfer_{slug(result['meta']['device'])}.json"
+    out = args.out or REPO / "results" / f"kv_transfer_{slug(torch.cuda.get_device_name() if cfg.device.type == 'cuda' else 'cpu')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    result: dict = {"meta": meta(cfg)}
+    sections = {"sweep": run_sweep, "sm_sweep": run_sm_sweep, "segments": run_segment_sweep,
+                "segments_graph": run_segment_sweep_graph, "tuning": run_tuning_sweep, "rotation": run_rotation}
+    for name, run in sections.items():  # the JSON is rewritten after each section: a cut-off run keeps its data
+        t0 = time.perf_counter()
+        result[name] = run(cfg, streams)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
     summarize(result)
     png = args.plot or out.with_suffix(".png")
     print(f"wrote {out}" + (f" and {png}" if plot(result, png) else ""))

@@ -270,7 +270,7 @@ def test_batches_pad_gathers_and_split_scatters():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_rotate_overlaps_and_orders_the_next_forward():
-    engine = make_engine("triton-dma", blocks=64, rows=1024)
+    engine = make_engine("triton-dma", blocks=128, rows=1024)
     out_slots, in_slots = torch.arange(0, 200, device="cuda"), torch.arange(400, 600, device="cuda")
     want_in = rows_at(engine, torch.arange(200, 400, device="cuda"))
     hk_in = engine.save(torch.arange(200, 400, device="cuda"))

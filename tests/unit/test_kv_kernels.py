@@ -118,6 +118,28 @@ def test_scatter_matches_reference(case, dtype, device):
         assert torch.equal(bits(got), bits(want))
 
 
+# (tile_words, num_warps): tiles narrower than a row (the row is copied in chunks) up to the widest
+TUNINGS = [(8, 1), (64, 2), (4096, 4), (16384, 16)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tuning", TUNINGS, ids=str)
+def test_tunings_copy_the_same_bits(tuning, device):
+    tile_words, num_warps = tuning
+    (k, v, kp, vp), slots, blocks, ids, shape = setup(CASES[2], torch.bfloat16, device, seed=3)
+    expected = blocks.clone()
+    gather_kv_blocks_reference(k, v, slots, expected, ids)
+    gather_kv_blocks(kp, vp, slots, blocks, ids, layer_shape=shape, dtype=torch.bfloat16, max_programs=2,
+                     tile_words=tile_words, num_warps=num_warps)
+    assert torch.equal(bits(blocks), bits(expected))
+    random_bits_(blocks, torch.Generator().manual_seed(4))
+    k_ref, v_ref = [b.clone() for b in k], [b.clone() for b in v]
+    scatter_kv_blocks_reference(k_ref, v_ref, slots, blocks, ids)
+    scatter_kv_blocks(kp, vp, slots, blocks, ids, layer_shape=shape, dtype=torch.bfloat16, max_programs=2,
+                      tile_words=tile_words, num_warps=num_warps)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(k + v, k_ref + v_ref))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES[1:3], ids=str)
@@ -179,6 +201,8 @@ def _transposed_like(t: torch.Tensor) -> torch.Tensor:
 
 
 BAD_INPUTS = {
+    "tile_words not a power of two": lambda a: a.update(tile_words=3000),
+    "num_warps 3": lambda a: a.update(num_warps=3),
     "dtype mismatch": lambda a: a.update(dtype=torch.float32),
     "wrong layers": lambda a: a.update(blocks=a["blocks"][:, :1]),
     "wrong heads": lambda a: a.update(layer_shape=(a["layer_shape"][0], 5, a["layer_shape"][2])),
@@ -203,12 +227,13 @@ BAD_INPUTS = {
 def test_launchers_reject_bad_input(what):
     (k, v, kp, vp), slots, blocks, ids, shape = setup(CASES[1], torch.float16, "cpu")
     a = dict(k_ptrs=kp, v_ptrs=vp, slots=slots, blocks=blocks, ids=ids, layer_shape=shape,
-             dtype=torch.float16, max_programs=None, pool_align=None)
+             dtype=torch.float16, max_programs=None, pool_align=None, tile_words=4096, num_warps=4)
     BAD_INPUTS[what](a)
     for launch in (gather_kv_blocks, scatter_kv_blocks):
         with pytest.raises(ValueError):
             launch(a["k_ptrs"], a["v_ptrs"], a["slots"], a["blocks"], a["ids"], layer_shape=a["layer_shape"],
-                   dtype=a["dtype"], max_programs=a["max_programs"], pool_align=a["pool_align"])
+                   dtype=a["dtype"], max_programs=a["max_programs"], pool_align=a["pool_align"],
+                   tile_words=a["tile_words"], num_warps=a["num_warps"])
 
 
 @pytest.mark.cuda

@@ -21,7 +21,10 @@ POINTER_DTYPES = (torch.int64, torch.uint64)
 WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 # One tile holds about this many words; large enough to keep loads wide, small enough for registers.
+# Bytes in flight per program are what hide memory (HBM or PCIe) latency; more words per tile need
+# more warps to stay in registers (tile_words / (32 * num_warps) words per thread).
 TILE_WORDS = 4096
+NUM_WARPS = 4
 MAX_ROW_CHUNK_WORDS = 1024
 
 
@@ -40,6 +43,7 @@ class LaunchPlan:
     num_tiles: int
     num_programs: int
     rows_aligned16: bool  # every pool row starts 16-byte aligned: lets the compiler emit 16-byte accesses
+    num_warps: int = NUM_WARPS
 
 
 # ---------------------------------------------------------------- validation (launchers)
@@ -173,10 +177,16 @@ def make_plan(
     max_programs: int | None,
     device: torch.device,
     pool_align: int,
+    tile_words: int = TILE_WORDS,
+    num_warps: int = NUM_WARPS,
 ) -> LaunchPlan:
+    if tile_words < 1 or tile_words & (tile_words - 1):
+        fail(f"tile_words must be a power of two, got {tile_words}")
+    if num_warps not in (1, 2, 4, 8, 16, 32):
+        fail(f"num_warps must be a power of two <= 32, got {num_warps}")
     row_words = row_bytes // word_bytes
-    block_w = min(triton.next_power_of_2(row_words), MAX_ROW_CHUNK_WORDS)
-    block_t = max(1, min(TILE_WORDS // block_w, triton.next_power_of_2(num_tokens)))
+    block_w = min(triton.next_power_of_2(row_words), MAX_ROW_CHUNK_WORDS, tile_words)
+    block_t = max(1, min(tile_words // block_w, triton.next_power_of_2(num_tokens)))
     num_tiles = triton.cdiv(num_tokens, block_t)
     cap = default_programs(device) if max_programs is None else max_programs
     if cap < 1:
@@ -193,6 +203,7 @@ def make_plan(
         num_tiles=num_tiles,
         num_programs=min(cap, layers * 2 * num_tiles),
         rows_aligned16=pool_align % 16 == 0 and row_bytes % 16 == 0,
+        num_warps=num_warps,
     )
 
 
@@ -230,6 +241,8 @@ def prepare(
     max_programs: int | None,
     pool_align: int | None,
     names: tuple[str, str],
+    tile_words: int = TILE_WORDS,
+    num_warps: int = NUM_WARPS,
 ) -> Prepared | None:
     """Shared launcher checks; None when there is nothing to copy. names = (blocks name, block ids name)."""
     blocks_name, ids_name = names
@@ -252,7 +265,8 @@ def prepare(
     block_stride_bytes = blocks.stride(0) * elem
     width = word_bytes_for(row_bytes, blocks.data_ptr(), block_stride_bytes, pool_align)
     plan = make_plan(
-        num_tokens, layers, row_bytes, block_tokens, block_stride_bytes, width, max_programs, device, pool_align
+        num_tokens, layers, row_bytes, block_tokens, block_stride_bytes, width, max_programs, device, pool_align,
+        tile_words, num_warps,
     )
     return Prepared(k_ptrs.view(torch.int64), v_ptrs.view(torch.int64), word_view(blocks, width), plan)
 

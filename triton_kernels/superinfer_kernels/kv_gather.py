@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from superinfer_kernels._common import copy_rows, prepare, reference_rows, runnable, tile_rows
+from superinfer_kernels._common import NUM_WARPS, TILE_WORDS, copy_rows, prepare, reference_rows, runnable, tile_rows
 
 
 @triton.jit
@@ -53,6 +53,8 @@ def gather_kv_blocks(
     dtype: torch.dtype,
     max_programs: int | None = None,
     pool_align: int | None = None,
+    tile_words: int = TILE_WORDS,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Copy K and V of `slots` (all layers) into `dst` at `dst_blocks`, in one kernel launch.
 
@@ -61,10 +63,12 @@ def gather_kv_blocks(
     row boundaries of 16-byte-aligned allocations, as in SGLang's pools: gcd(row bytes, 16). It is
     verified when the pointer tables are on the CPU; on CUDA it is the caller's promise.
     max_programs caps the persistent grid (default: one program per SM; 16 on CPU).
+    tile_words / num_warps: words one program moves per step and the warps doing it (tuning only).
     Asynchronous on CUDA (current stream), like any kernel launch.
     """
     prep = prepare(
-        k_ptrs, v_ptrs, slots, dst, dst_blocks, layer_shape, dtype, max_programs, pool_align, ("dst", "dst_blocks")
+        k_ptrs, v_ptrs, slots, dst, dst_blocks, layer_shape, dtype, max_programs, pool_align, ("dst", "dst_blocks"),
+        tile_words, num_warps,
     )
     if prep is None:
         return
@@ -75,6 +79,7 @@ def gather_kv_blocks(
         plan.num_tokens, plan.num_tiles, plan.layers * 2 * plan.num_tiles,
         plan.row_words, plan.block_stride_words, plan.block_tokens,
         BLOCK_T=plan.block_t, BLOCK_W=plan.block_w, ROWS_ALIGNED16=plan.rows_aligned16,
+        num_warps=plan.num_warps,
     )
 
 

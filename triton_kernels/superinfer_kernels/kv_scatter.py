@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from superinfer_kernels._common import copy_rows, prepare, reference_rows, runnable, tile_rows
+from superinfer_kernels._common import NUM_WARPS, TILE_WORDS, copy_rows, prepare, reference_rows, runnable, tile_rows
 
 
 @triton.jit
@@ -51,13 +51,16 @@ def scatter_kv_blocks(
     dtype: torch.dtype,
     max_programs: int | None = None,
     pool_align: int | None = None,
+    tile_words: int = TILE_WORDS,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Copy K and V of every layer from `src` at `src_blocks` into the pool at `slots`, in one launch.
 
     Same preconditions as gather_kv_blocks. Slots must be distinct (two tokens writing one slot race).
     """
     prep = prepare(
-        k_ptrs, v_ptrs, slots, src, src_blocks, layer_shape, dtype, max_programs, pool_align, ("src", "src_blocks")
+        k_ptrs, v_ptrs, slots, src, src_blocks, layer_shape, dtype, max_programs, pool_align, ("src", "src_blocks"),
+        tile_words, num_warps,
     )
     if prep is None:
         return
@@ -68,6 +71,7 @@ def scatter_kv_blocks(
         plan.num_tokens, plan.num_tiles, plan.layers * 2 * plan.num_tiles,
         plan.row_words, plan.block_stride_words, plan.block_tokens,
         BLOCK_T=plan.block_t, BLOCK_W=plan.block_w, ROWS_ALIGNED16=plan.rows_aligned16,
+        num_warps=plan.num_warps,
     )
 
 
