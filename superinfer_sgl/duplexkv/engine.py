@@ -62,6 +62,12 @@ class _OutPlan:
     new: list[int] = field(default_factory=list)
 
 
+# Programs (SMs) a kernel path may keep busy: the rest stay with the forward pass. Measured on an
+# H100 over PCIe Gen5 (docs/perf.md, 2026-11-23): 8 programs move 50-51 GB/s one way with
+# triton-direct (93% of a pinned cudaMemcpy) and 42 with triton-dma; all 132 SMs add 0 and 10 GB/s.
+DEFAULT_MAX_PROGRAMS = 8
+
+
 class RotationEngine:
     """Rotates request KV out to host blocks and back into device slots; keeps eager mirrors."""
 
@@ -70,7 +76,7 @@ class RotationEngine:
         device_pool: DevicePoolView,
         host_pool: HostKVPool,
         transfer: str = "auto",
-        max_programs: int | None = None,
+        max_programs: int | None = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         _check_compatible(device_pool, host_pool)
         if transfer not in TRANSFERS:
