@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
                      help="derive SLOs, rates and request count from a speed probe (default for cpu)")
     cal.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                      help="use the profile's (or the given) SLOs and rates as they are")
+    p.add_argument("--no-point-probes", dest="point_probes", action="store_false",
+                   help="skip the short speed probe before every point (on a shared machine the replay "
+                        "needs it: python -m superinfer_sgl.sim --validate ... --rescale)")
     p.add_argument("--budget-min", type=float, help="calibrated runs: time budget of the whole A/B (min)")
     p.add_argument("--slo-classes", help="JSON object (or file) name -> {ttft_ms, tbt_ms}; default: profile's")
     p.add_argument("--class-mix", help="e.g. interactive:1,batch:1 (default: profile's)")

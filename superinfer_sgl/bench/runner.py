@@ -8,6 +8,7 @@ systems alike. Sequential order: one server at a time, all its rates ("in turn")
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
-from .calibrate import derive, probe, probe_prompts
+from .calibrate import Speed, derive, probe, probe_prompts
 from .planning import Plan, SweepPoint, mean_lengths, recalibrated
 from .prompts import PromptBuilder, priority_by_ttft, write_dataset
 from .report import check_targets, markdown_table, noise_band, plot, targets_markdown
@@ -133,6 +134,7 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
 
     pbar.reset(total=len(plan.requests))
     pbar.set_description(f"  {spec.name} @ {pt.label}")
+    speed = point_probe(plan, spec, server, i)
     before, load0 = scrape(server.url), os.getloadavg()
     run = run_client(args, out / "schedules" / f"{i:02d}.json", out / "logs" / f"{tag}.client.log", raw,
                      progress, timeout_s=plan.profile.run_timeout_s)
@@ -146,6 +148,10 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
         "rate": pt.rate, "label": pt.label, "offered_rate": offered_rate(pt.arrivals),
         "summary": asdict(summary), "counters": counter_deltas(before, after),
         "client_wall_s": run.wall_s,
+        # the server's speed just before this point (a shared machine drifts by tens of percent
+        # within minutes): what a replay scales its cost profile to
+        "speed_probe": None if speed is None else {**asdict(speed), "prompt_tokens": plan_probe_tokens(plan),
+                                                    "out_tokens": POINT_PROBE_OUT_TOKENS},
         # 1-minute load average before and after: this machine is shared, so say how busy it was
         "loadavg_1m": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "requests": {
@@ -161,6 +167,35 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
             "errors": [e[:300] for e in run.details["errors"]],
         },
     }
+
+
+POINT_PROBE_BATCHES = (1, 4)
+POINT_PROBE_OUT_TOKENS = 16
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def plan_probe_tokens(plan: Plan) -> int:
+    return int(mean_lengths(plan.profile, plan.seed)[0])
+
+
+def point_probe(plan: Plan, spec: SystemSpec, server: Any, i: int) -> Speed | None:
+    """A short speed probe (one lone request, then a batch of 4; ~2 s on the CPU profile) of the
+    server about to run point i, with prompts no other probe or point uses (no cache hits)."""
+    if not getattr(plan.options, "point_probes", True):
+        return None
+    tokenizer = _tokenizer(plan.tokenizer)
+    builder, n_tok = PromptBuilder(tokenizer), plan_probe_tokens(plan)
+    first = 200_000 + 1000 * plan.systems.index(spec) + 20 * i
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": builder.build(first + k, n_tok)[0]}],
+                                           tokenize=False, add_generation_prompt=True)
+             for k in range(probe_prompts(POINT_PROBE_BATCHES, 1))]
+    return probe(server.url, texts, n_tok, out_tokens=POINT_PROBE_OUT_TOKENS, batches=POINT_PROBE_BATCHES, repeats=1)
 
 
 class Sweep:

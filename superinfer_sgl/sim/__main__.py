@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.sim.policies import POLICIES
 from superinfer_sgl.sim.runner import Job, run_jobs
 
@@ -35,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--validate", type=Path, metavar="AB_JSON",
                     help="replay an A/B result (results/ab_cpu.json, or its folder) and compare")
-    ap.add_argument("--validate-profile", default="cpu-smollm2-135m", help="cost profile for --validate")
+    ap.add_argument("--validate-profile", default=validate_defaults.DEFAULT_PROFILE,
+                    help="cost profile (name in profiles/ or a path) for --validate; reports made with another "
+                         "profile or --rescale get its name / _rescaled in their file names")
     ap.add_argument("--rescale", action="store_true",
                     help="--validate: scale the profile's speed to the A/B's own speed probe (a what-if: "
                          "it did not help on 2026-11-22, see docs/sim.md)")

@@ -194,6 +194,7 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
                      min_stint_s=float(stint) / 1000.0 if stint is not None else 0.0)
 
 
+DEFAULT_PROFILE = "cpu-smollm2-135m"  # what --validate uses unless told otherwise
 PROBE_OUT_TOKENS = 24  # bench.calibrate.probe's default: decode gaps come from 24-token outputs
 
 
@@ -210,7 +211,7 @@ def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
     if not steps or not per_tok or not prompt:
         return None
     step, n = profile.step, int(prompt)
-    ctx = n + PROBE_OUT_TOKENS // 2
+    ctx = n + int(calibration.get("probe_out_tokens") or PROBE_OUT_TOKENS) // 2  # type: ignore[union-attr]
     decode = sum(ms / 1000.0 / step.seconds(decode_reqs=b, decode_context=b * ctx) for b, ms in steps) / len(steps)
     ttft = per_tok * n / 1000.0 - profile.server.request_overhead_s
     base = step.base_s
@@ -237,8 +238,8 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
     doc = json.loads(ab_path.read_text())
     cfg = doc["config"]
     scales = speed_scales(profile, doc.get("calibration")) if rescale else None
-    prof = scaled(profile, scales).with_server(kv_tokens=int(cfg["kv_tokens"]),
-                                               chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
+    server_limits = dict(kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
+    prof = scaled(profile, scales).with_server(**server_limits)
     mapping = {**SYSTEM_POLICY, **(policy_map or {})}
     prompt_ids = ab_prompt_ids(doc, ab_path)
     rows = []
@@ -248,15 +249,24 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         policy = mapping.get(pt.system, mapping.get(pt.system.split("#")[0]))
         if policy is None:
             continue
-        config = system_config(cfg, pt.system, policy, prof.server.kv_tokens)
-        sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), prof, policy, config)
+        point = next((p for p in results[pt.system] if p["rate"] == pt.rate), {})
+        # --rescale: to the speed probed right before this point where the A/B has one (a shared
+        # machine drifts within minutes), else to the A/B's opening probe
+        probed = point.get("speed_probe") if rescale else None
+        pt_scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
+                                           "probe_out_tokens": probed.get("out_tokens", 16)}) if probed else scales
+        pt_prof = scaled(profile, pt_scales).with_server(**server_limits) if probed else prof
+        config = system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens)
+        sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), pt_prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
-        counters = next((p.get("counters") or {} for p in results[pt.system] if p["rate"] == pt.rate), {})
+        counters = point.get("counters") or {}
         rows.append({"system": pt.system, "policy": policy, "rate": pt.rate, "measured": measured,
                      "simulated": simulated, "delta": compare(measured, simulated),
                      "mixed_chunk": config.mixed_chunk, "budget_blocks": config.budget_blocks,
                      "measured_rotations": counters.get("rotations"),
-                     "sim_rotations": sim["rotations_out"], "sim_retractions": sim["retractions"]})
+                     "sim_rotations": sim["rotations_out"], "sim_retractions": sim["retractions"],
+                     "speed_scales": pt_scales, "speed_source": "point probe" if probed else
+                     ("opening probe" if pt_scales else "profile as measured")})
     twins = twin_agreement(doc)
     for r in rows:
         # A rate is judgeable when the stock server and its twin agree within the criterion: where
@@ -295,14 +305,16 @@ def twin_agreement(doc: dict) -> dict[float, dict]:
 
 def markdown(report: dict) -> str:
     sc = report.get("speed_scales")
-    speed = (f"; profile speed scaled to the A/B's probe: decode x{sc['decode']:.2f}, prefill "
+    per_point = any(r.get("speed_source") == "point probe" for r in report["rows"])
+    speed = ("; profile speed scaled to each point's own probe (decode / prefill factors per row)" if per_point
+             else f"; profile speed scaled to the A/B's probe: decode x{sc['decode']:.2f}, prefill "
              f"x{sc['prefill']:.2f}" if sc else "; profile speed as measured")
     lines = [f"Validation of {report['profile']} against {report['ab']} "
              f"(KV {report['kv_tokens']} tokens, chunked prefill {report['chunked_prefill']}{speed}; "
              f"prefix cache: {report.get('prefix_cache', '-')})", "",
              "| system (policy) | rate | TTFT att. meas / sim | joint att. meas / sim | P50 TTFT s meas / sim "
-             "| rotations meas / sim | pass |",
-             "|---|---|---|---|---|---|---|"]
+             "| rotations meas / sim |" + (" speed x dec / pre |" if per_point else "") + " pass |",
+             "|---|---|---|---|---|---|" + ("---|" if per_point else "") + "---|"]
     f = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     g = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     n = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
@@ -312,8 +324,10 @@ def markdown(report: dict) -> str:
         rot = f"{n(r.get('measured_rotations'))} / {r['sim_rotations']}" if r["policy"].startswith("lvf") else "-"
         lines.append(f"| {r['system']} ({policy}) | {r['rate']:g} | {f(m['ttft_attainment'])} / "
                      f"{f(s['ttft_attainment'])} | {f(m['joint_attainment'])} / {f(s['joint_attainment'])} | "
-                     f"{g(m['p50_ttft_s'])} / {g(s['p50_ttft_s'])} | {rot} | "
-                     f"{'yes' if r['delta']['pass'] else 'NO'} |")
+                     f"{g(m['p50_ttft_s'])} / {g(s['p50_ttft_s'])} | {rot} | " + (
+                     f"{r['speed_scales']['decode']:.2f} / {r['speed_scales']['prefill']:.2f} | "
+                     if per_point and r.get("speed_scales") else "- | " if per_point else "")
+                     + f"{'yes' if r['delta']['pass'] else 'NO'} |")
     lines += ["", f"all pass: {report['all_pass']}"]
     twins = report.get("twin_agreement") or {}
     if twins:
@@ -342,6 +356,10 @@ def run(ab_path: Path, profile_name: str, out_dir: Path, policy_map: dict[str, s
     report = validate(ab_path, resolve_profile(profile_name), policy_map, rescale)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "sim_validate_" + Path(report["ab"]).parent.name
+    if profile_name != DEFAULT_PROFILE:  # other profiles and what-ifs do not overwrite the default report
+        stem += "_" + Path(profile_name).stem
+    if rescale:
+        stem += "_rescaled"
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     (out_dir / f"{stem}.md").write_text(markdown(report))
     if report["rows"]:

@@ -97,6 +97,36 @@ def test_validate_flags_disagreement(tmp_path: Path) -> None:
     assert [r["system"] for r in bad] == ["sglang"] and not report["all_pass"]
 
 
+def test_rescale_follows_each_points_own_speed_probe(tmp_path: Path) -> None:
+    """A point measured while the machine ran 1.6x slower, with a probe that saw it: --rescale
+    replays it at that speed and agrees; the profile as measured does not (P50 TTFT)."""
+    from superinfer_sgl.sim.validate import scaled, speed_scales
+
+    slower, n, out = 1.6, 200, 16
+    base = resolve_profile("gh200-qwen2.5-32b").with_server(kv_tokens=30000, chunked_prefill_tokens=4096)
+    slow = scaled(base, {"decode": slower, "prefill": slower})
+    ab = _fake_ab(tmp_path / "ab_fake")
+    doc = json.loads(ab.read_text())
+    wl = sharegpt_like(rate=4, duration=10, seed=5)
+    s = simulate(wl, slow, "sglang")
+    ctx = n + out // 2
+    probe = {"steps_ms": [[b, 1000.0 * slower * base.step.seconds(decode_reqs=b, decode_context=b * ctx)] for b in (1, 4)],
+             "prefill_ms_per_token": 1000.0 * slower * base.step.prefill_alone(n) / n,
+             "prompt_tokens": n, "out_tokens": out}
+    assert speed_scales(base, {"speed": probe, "mean_prompt_tokens": n, "probe_out_tokens": out}) == \
+        pytest.approx({"decode": slower, "prefill": slower})
+    doc["results"] = {"sglang": [{"rate": 4.0, "label": "4 req/s", "speed_probe": probe, "summary": {
+        "ttft_attainment": s["ttft_attainment"], "joint_attainment": s["both_attainment"],
+        "tbt_gap_attainment": s["tbt_gap_attainment"], "p50_ttft_ms": 1000 * s["ttft_p50_s"]}}]}
+    ab.write_text(json.dumps(doc))
+    plain = validate(ab, resolve_profile("gh200-qwen2.5-32b"))
+    per_point = validate(ab, resolve_profile("gh200-qwen2.5-32b"), rescale=True)
+    assert not plain["all_pass"] and plain["rows"][0]["speed_source"] == "profile as measured"
+    row = per_point["rows"][0]
+    assert row["speed_source"] == "point probe" and row["speed_scales"] == pytest.approx({"decode": slower, "prefill": slower})
+    assert per_point["all_pass"], row
+
+
 def test_validate_maps_the_stock_twin_and_the_servers_flags(tmp_path: Path) -> None:
     """The harness's second stock server ("sglang#2", the noise band) replays as sglang and is
     reported under its own name; the superinfer server's flags (mixed chunk added by our launcher,
