@@ -254,6 +254,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         # machine drifts within minutes), else to the A/B's opening probe
         probed = point.get("speed_probe") if rescale else None
         pt_scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
+                                           # the first A/B with point probes did not record it: 16
                                            "probe_out_tokens": probed.get("out_tokens", 16)}) if probed else scales
         pt_prof = scaled(profile, pt_scales).with_server(**server_limits) if probed else prof
         config = system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens)

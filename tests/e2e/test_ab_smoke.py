@@ -90,6 +90,9 @@ def test_json_fields_and_ranges(smoke: tuple[dict, Path]) -> None:
             assert s["p50_ttft_ms"] <= s["p99_ttft_ms"] and s["output_throughput_tps"] > 0
             assert {"rotations", "resumes", "recompute_fallbacks", "retractions"} <= set(p["counters"])
             assert p["counters"]["retractions"] is not None  # SGLang's own counter, both systems
+            probe = p["speed_probe"]  # the server's speed right before the point (the replay's input)
+            assert probe["prompt_tokens"] > 0 and probe["prefill_ms_per_token"] > 0, probe
+            assert [b for b, _ in probe["steps_ms"]] == [1, 4] and all(ms > 0 for _, ms in probe["steps_ms"])
         if system == "superinfer":
             assert all(p["counters"]["rotations"] is not None for p in points)  # superinfer_ series exported
     assert "targets" in doc and {"rate", "capacity", "capacity_ratio"} <= set(doc["targets"])
