@@ -416,16 +416,21 @@ def run_tuning_sweep(cfg: Config, streams: Streams) -> list[dict]:
 SEGMENT_SIZES_GPU = [4 * 2**10, 16 * 2**10, 32 * 2**10, 64 * 2**10, 256 * 2**10, MB, 4 * MB, 8 * MB, 16 * MB]
 
 
+def segment_buffers(cfg: Config, volume: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Random device and host bytes per direction (pinned on CUDA), so both directions can run at once."""
+    cuda = cfg.device.type == "cuda"
+    dev = {d: torch.empty(volume, dtype=torch.uint8, device=cfg.device).random_(0, 256) for d in ("out", "in")}
+    host = {d: torch.empty(volume, dtype=torch.uint8, pin_memory=cuda).random_(0, 256) for d in ("out", "in")}
+    return dev, host
+
+
 def run_segment_sweep(cfg: Config, streams: Streams) -> list[dict]:
     """GB/s of back-to-back copies of one segment size (one cudaMemcpyAsync each) between a device
     buffer and pinned host memory; each direction has its own buffers so both can run at once."""
     cuda = cfg.device.type == "cuda"
     sizes = SEGMENT_SIZES_GPU if cuda else [2**10, 4 * 2**10]
     volume = min(cfg.volume, 256 * MB) if cuda else cfg.volume
-    dev = {d: torch.empty(volume, dtype=torch.uint8, device=cfg.device) for d in ("out", "in")}
-    host = {d: torch.empty(volume, dtype=torch.uint8, pin_memory=cuda) for d in ("out", "in")}
-    for t in (*dev.values(), *host.values()):
-        t.random_(0, 256)
+    dev, host = segment_buffers(cfg, volume)
     stream_of = {"out": streams.out, "in": streams.into}
     rows = []
     for seg in sizes:
@@ -458,8 +463,7 @@ def run_segment_sweep_graph(cfg: Config, streams: Streams) -> list[dict]:
     except ImportError:
         return [dict(error="cupy not installed: no graph-issued segment sweep")]
     volume = min(cfg.volume, 256 * MB)
-    dev = {d: torch.empty(volume, dtype=torch.uint8, device=cfg.device).random_(0, 256) for d in ("out", "in")}
-    host = {d: torch.empty(volume, dtype=torch.uint8, pin_memory=True).random_(0, 256) for d in ("out", "in")}
+    dev, host = segment_buffers(cfg, volume)
     kind = {"out": 2, "in": 1}  # cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice
     stream_of = {"out": streams.out, "in": streams.into}
     rows = []
@@ -623,12 +627,11 @@ def summarize(result: dict) -> None:
     for r in result.get("sm_sweep", []):
         if "error" not in r:
             print(f"  {r['method']:<14} {r['direction']:<3} {r['programs']:>4} programs {r['gbps']:8.2f} GB/s")
-    for r in result.get("segments", []):
-        if "error" not in r:
-            print(f"  segment {r['segment_bytes']:>9} B x {r['copies']:>5} {r['direction']:<4} {r['gbps_per_direction']:8.2f} GB/s")
-    for r in result.get("segments_graph", []):
-        if "error" not in r:
-            print(f"  graph segment {r['segment_bytes']:>9} B x {r['copies']:>5} {r['direction']:<4} {r['gbps_per_direction']:8.2f} GB/s")
+    for key, label in (("segments", "segment"), ("segments_graph", "graph segment")):
+        for r in result.get(key, []):
+            if "error" not in r:
+                print(f"  {label} {r['segment_bytes']:>9} B x {r['copies']:>5} {r['direction']:<4} "
+                      f"{r['gbps_per_direction']:8.2f} GB/s")
     for r in result.get("tuning", []):
         if "error" not in r:
             print(f"  tuning {r['method']:<14} tile {r['tile_words']:>6} warps {r['num_warps']:>2} {r['direction']:<4} "

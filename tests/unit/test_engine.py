@@ -177,9 +177,8 @@ def test_auto_picks_torch_on_cpu():
 
 @pytest.mark.parametrize("transfer", ["triton-direct", "triton-dma"])
 def test_kernel_paths_keep_at_most_8_programs_by_default(transfer):
-    """The forward pass keeps the other SMs (issue 4's target; 8 reach 93% of cudaMemcpy on an H100)."""
-    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton paths on CPU need TRITON_INTERPRET=1")
+    """The forward pass keeps the other SMs (issue 4's target; 8 reach 93% of cudaMemcpy on an H100).
+    Building a path launches nothing, so this runs on any machine."""
     dev = DevicePoolView.synthetic(8, 2, 2, 8, torch.bfloat16, DEVICE)
     engine = RotationEngine(dev, HostKVPool(2, 2, 2, 8, 4, torch.bfloat16, pin=None), transfer=transfer)
     assert engine._path.launch["max_programs"] == DEFAULT_MAX_PROGRAMS == 8
