@@ -5,6 +5,8 @@ must stay inert there: it installs our hooks only when our launcher put SUPERINF
 the environment. The CPU-compatibility patch has its own switch (SUPERINFER_CPU_COMPAT=1) so that
 stock SGLang can serve on a CPU as the A/B baseline with nothing else changed; it also switches on
 our batched CPU attention (superinfer_sgl.cpu_attention) unless SUPERINFER_CPU_ATTENTION=0.
+SUPERINFER_STEP_LOG=<path> (any server, stock included) logs every scheduler iteration there
+(patches/step_log.py: measurement only).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def load() -> None:
 
         for patch in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu, silu_and_mul_cpu):
             patch.register()
+    from superinfer_patches import step_log
+
+    if step_log.step_log_path():
+        step_log.register()
     cfg = SuperInferConfig.from_env()
     if cfg is None:
         return

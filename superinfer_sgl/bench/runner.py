@@ -22,6 +22,8 @@ from typing import Any
 import requests
 from tqdm import tqdm
 
+from superinfer_patches.step_log import STEP_LOG_ENV
+
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
 from .calibrate import Speed, derive, probe, probe_prompts
@@ -135,7 +137,7 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     pbar.reset(total=len(plan.requests))
     pbar.set_description(f"  {spec.name} @ {pt.label}")
     speed = point_probe(plan, spec, server, i)
-    before, load0 = scrape(server.url), os.getloadavg()
+    before, load0, t0 = scrape(server.url), os.getloadavg(), time.time()
     run = run_client(args, out / "schedules" / f"{i:02d}.json", out / "logs" / f"{tag}.client.log", raw,
                      progress, timeout_s=plan.profile.run_timeout_s)
     after = scrape(server.url)
@@ -148,6 +150,8 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
         "rate": pt.rate, "label": pt.label, "offered_rate": offered_rate(pt.arrivals),
         "summary": asdict(summary), "counters": counter_deltas(before, after),
         "client_wall_s": run.wall_s,
+        # unix time around the client run: cuts this point's iterations out of the step log
+        "window_unix": [round(t0, 3), round(time.time(), 3)],
         # the server's speed just before this point (a shared machine drifts by tens of percent
         # within minutes): what a replay scales its cost profile to
         "speed_probe": None if speed is None else {**asdict(speed), "prompt_tokens": plan_probe_tokens(plan),
@@ -210,10 +214,12 @@ class Sweep:
 
     def start(self, spec: SystemSpec) -> Any:
         self.bar.set_postfix_str(f"starting {spec.name}")
-        log = self.plan.out_dir / "logs" / f"{spec.name.replace('#', '_')}.server.log"
+        stem = self.plan.out_dir / "logs" / spec.name.replace("#", "_")
+        # every server logs its iterations (measurement only): what `sim --validate` calibrates to
+        env = {**dict(self.plan.profile.env), STEP_LOG_ENV: f"{stem.resolve()}.steps.jsonl"}
         t0 = time.monotonic()
         try:
-            server = launch(spec, self.plan.shared, log, self.plan.profile.ready_timeout_s, dict(self.plan.profile.env))
+            server = launch(spec, self.plan.shared, Path(f"{stem}.server.log"), self.plan.profile.ready_timeout_s, env)
         except ServerError as exc:
             self.fail(spec, exc)
             return None

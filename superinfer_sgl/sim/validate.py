@@ -10,6 +10,7 @@ rate, TTFT and joint attainment within 10 points of the measurement and P50 TTFT
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from superinfer_sgl.launch_checks import flag_value
 from superinfer_sgl.sim.engine import SimConfig
+from superinfer_sgl.sim import steplog
 from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
 from superinfer_sgl.sim.workload import RequestSpec, Workload
@@ -219,6 +221,27 @@ def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
     return {"decode": decode, "prefill": prefill}
 
 
+def point_scales(profile: Profile, ab_path: Path, system: str, point: dict) -> tuple[dict | None, str | None]:
+    """A point's speed factors: from the server's step log over the point's window (A/Bs since
+    2026-11-23 log every iteration), else from the probe run right before the point."""
+    log = ab_path.parent / "logs" / f"{system.replace('#', '_')}.steps.jsonl"
+    if point.get("window_unix") and log.exists():
+        found = steplog.speed_scales(profile.step, steplog.in_window(_steps(log), point["window_unix"]))
+        if found:
+            return found, "step log"
+    probed = point.get("speed_probe")
+    if probed:
+        return speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
+                                      # the first A/B with point probes did not record it: 16
+                                      "probe_out_tokens": probed.get("out_tokens", 16)}), "point probe"
+    return None, None
+
+
+@functools.lru_cache(maxsize=8)
+def _steps(path: Path) -> list[steplog.Step]:
+    return steplog.read_steps(path)
+
+
 def scaled(profile: Profile, scales: dict | None) -> Profile:
     """The profile with its decode-side costs (base, per decode row, per context token, per
     resume) times scales['decode'] and its prefill-side costs times scales['prefill']."""
@@ -250,13 +273,13 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         if policy is None:
             continue
         point = next((p for p in results[pt.system] if p["rate"] == pt.rate), {})
-        # --rescale: to the speed probed right before this point where the A/B has one (a shared
-        # machine drifts within minutes), else to the A/B's opening probe
-        probed = point.get("speed_probe") if rescale else None
-        pt_scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
-                                           # the first A/B with point probes did not record it: 16
-                                           "probe_out_tokens": probed.get("out_tokens", 16)}) if probed else scales
-        pt_prof = scaled(profile, pt_scales).with_server(**server_limits) if probed else prof
+        # --rescale (a shared machine drifts within minutes): to the speed of the point's own
+        # iterations where the server logged them, else to the probe right before the point, else
+        # to the A/B's opening probe
+        pt_scales, source = point_scales(profile, ab_path, pt.system, point) if rescale else (None, None)
+        pt_scales = pt_scales or scales
+        source = source or ("opening probe" if pt_scales else "profile as measured")
+        pt_prof = scaled(profile, pt_scales).with_server(**server_limits)
         config = system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens)
         sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), pt_prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
@@ -266,8 +289,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
                      "mixed_chunk": config.mixed_chunk, "budget_blocks": config.budget_blocks,
                      "measured_rotations": counters.get("rotations"),
                      "sim_rotations": sim["rotations_out"], "sim_retractions": sim["retractions"],
-                     "speed_scales": pt_scales, "speed_source": "point probe" if probed else
-                     ("opening probe" if pt_scales else "profile as measured")})
+                     "speed_scales": pt_scales, "speed_source": source})
     twins = twin_agreement(doc)
     for r in rows:
         # A rate is judgeable when the stock server and its twin agree within the criterion: where
@@ -306,8 +328,10 @@ def twin_agreement(doc: dict) -> dict[float, dict]:
 
 def markdown(report: dict) -> str:
     sc = report.get("speed_scales")
-    per_point = any(r.get("speed_source") == "point probe" for r in report["rows"])
-    speed = ("; profile speed scaled to each point's own probe (decode / prefill factors per row)" if per_point
+    sources = sorted({r.get("speed_source") for r in report["rows"]} & {"point probe", "step log"})
+    per_point = bool(sources)
+    speed = (f"; profile speed scaled per point, from its {' or '.join(sources)} (decode / prefill factors per row)"
+             if per_point
              else f"; profile speed scaled to the A/B's probe: decode x{sc['decode']:.2f}, prefill "
              f"x{sc['prefill']:.2f}" if sc else "; profile speed as measured")
     lines = [f"Validation of {report['profile']} against {report['ab']} "

@@ -100,6 +100,26 @@ def test_json_fields_and_ranges(smoke: tuple[dict, Path]) -> None:
     assert (out / "attainment.png").stat().st_size > 10_000
 
 
+def test_step_logs_cover_every_point(smoke: tuple[dict, Path]) -> None:
+    """Every server logged its iterations (patches/step_log.py) and each point's window holds its
+    work: the decode rows in the window account for the points' output tokens (each request's
+    first token comes from its prefill, the rest from decode rows; bench_serving's warm-up request
+    runs inside the window too)."""
+    from superinfer_sgl.sim.steplog import in_window, read_steps
+
+    doc, out = smoke
+    expected = sum(r["output_tokens"] - 1 for r in doc["config"]["requests"])
+    warmup = max(r["output_tokens"] for r in doc["config"]["requests"])  # bench_serving's one warm-up request
+    for system, points in doc["results"].items():
+        steps = read_steps(out / "logs" / f"{system}.steps.jsonl")
+        for p in points:
+            window = in_window(steps, p["window_unix"])
+            rows = sum(s.decode_rows for s in window)
+            assert sum(s.prefill_tokens for s in window) > 0, (system, p["rate"])
+            assert expected <= rows <= expected + warmup, (system, p["rate"], rows, expected)
+            assert all(s.dur_s > 0 for s in window) and any(s.period_s for s in window)
+
+
 def test_attainment_follows_from_per_request_data(smoke: tuple[dict, Path]) -> None:
     doc, _ = smoke
     for points in doc["results"].values():

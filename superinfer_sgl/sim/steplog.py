@@ -1,0 +1,103 @@
+"""Read a server's step log (patches/step_log.py) and measure the machine's speed from it.
+
+A replay's cost profile was measured at another time; on a shared machine the speed during an A/B
+point differs by tens of percent, and a probe before the point sees only its own few seconds.
+The step log holds every iteration the server ran during the point: compared with what the
+profile predicts for the same batch shapes, it gives the point's decode and prefill speed factors
+for `sim.validate.scaled` from thousands of steps instead of a handful.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from superinfer_sgl.sim.profile import StepModel
+
+MIN_STEPS = 20  # fewer steps of a kind in a window: no factor for that kind (the profile's own)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduler iteration. `period_s`: from its start to the next one's (what the simulator's
+    step time stands for: forward plus the scheduler's own work), None when the server idled
+    before the next step or the log ended."""
+
+    t: float
+    dur_s: float
+    mode: str
+    prefill_tokens: int
+    prefill_reqs: int
+    prefill_pairs: float
+    decode_rows: int
+    decode_context: int
+    period_s: float | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.prefill_tokens and self.decode_rows:
+            return "mixed"
+        return "prefill" if self.prefill_tokens else "decode" if self.decode_rows else "other"
+
+
+def read_steps(path: Path) -> list[Step]:
+    """The log's steps in time order, each with its period. Lines the patch could not shape
+    (mode 'unknown') and a torn last line (a server killed mid-write) are skipped."""
+    raw = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("mode") != "unknown":
+            raw.append(rec)
+    raw.sort(key=lambda r: r["t"])
+    steps = []
+    for rec, nxt in zip(raw, raw[1:] + [None]):
+        period = None if nxt is None or nxt["idle"] else nxt["t"] - rec["t"]
+        steps.append(Step(t=rec["t"], dur_s=rec["dur"], mode=rec["mode"], prefill_tokens=rec["pt"],
+                          prefill_reqs=rec["pr"], prefill_pairs=rec["pq"], decode_rows=rec["dr"],
+                          decode_context=rec["dc"], period_s=period))
+    return steps
+
+
+def in_window(steps: Sequence[Step], window: Sequence[float]) -> list[Step]:
+    t0, t1 = window
+    return [s for s in steps if t0 <= s.t <= t1]
+
+
+def predicted_s(model: StepModel, s: Step) -> float:
+    return model.seconds(prefill_tokens=s.prefill_tokens, prefill_pairs=s.prefill_pairs,
+                         prefill_reqs=s.prefill_reqs, decode_reqs=s.decode_rows, decode_context=s.decode_context)
+
+
+def _median(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return statistics.median(xs) if len(xs) >= MIN_STEPS else None
+
+
+def decode_side_s(model: StepModel, s: Step) -> float:
+    """The part of a step's predicted time that sim.validate.scaled scales as decode: the base
+    and the decode rows (a prefill-only step still pays the base)."""
+    return model.seconds(decode_reqs=s.decode_rows, decode_context=s.decode_context) if s.decode_rows else model.base_s
+
+
+def speed_scales(model: StepModel, steps: Sequence[Step]) -> dict | None:
+    """Decode factor: median over decode-only steps of measured period / predicted step time.
+    Prefill factor: median over steps with prefill tokens (prefill-only and mixed) of what is left
+    of the measured period after the decode side (at the decode factor), over its prediction; so
+    sim.validate.scaled reproduces the median step of each kind. None when the window holds fewer
+    than MIN_STEPS decode steps; the prefill factor is the decode one when fewer prefill steps."""
+    timed = [s for s in steps if s.period_s is not None]
+    decode = _median(s.period_s / predicted_s(model, s) for s in timed if s.kind == "decode")
+    if decode is None:
+        return None
+    prefill = _median((s.period_s - decode * decode_side_s(model, s)) / (predicted_s(model, s) - decode_side_s(model, s))
+                      for s in timed if s.prefill_tokens and predicted_s(model, s) > decode_side_s(model, s))
+    kinds = [s.kind for s in steps]
+    return {"decode": decode, "prefill": decode if prefill is None else prefill,
+            "prefill_measured": prefill is not None,
+            "steps": {k: kinds.count(k) for k in ("decode", "prefill", "mixed", "other")}}

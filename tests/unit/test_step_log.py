@@ -1,0 +1,118 @@
+"""The per-iteration step log (patches/step_log.py) and the speed factors read from it
+(superinfer_sgl.sim.steplog), on hand-built batches and logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from superinfer_patches.step_log import batch_shape
+from superinfer_sgl.sim import steplog
+from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.steplog import MIN_STEPS, Step, in_window, predicted_s, read_steps, speed_scales
+
+
+class Mode(SimpleNamespace):
+    def is_decode(self) -> bool:
+        return self.name == "DECODE"
+
+    def is_mixed(self) -> bool:
+        return self.name == "MIXED"
+
+
+def _batch(mode: str, **kw: object) -> SimpleNamespace:
+    fields = {"prefix_lens": None, "extend_lens": None, "decoding_reqs": None, "seq_lens_sum": None, **kw}
+    b = SimpleNamespace(forward_mode=Mode(name=mode), **fields)
+    b.batch_size = lambda: kw.get("bs", 0)
+    return b
+
+
+def test_batch_shape_decode_extend_and_mixed() -> None:
+    assert batch_shape(_batch("DECODE", bs=3, seq_lens_sum=300)) == \
+        {"mode": "DECODE", "pt": 0, "pr": 0, "pq": 0.0, "dr": 3, "dc": 300}
+    # two prefill rows: 10 new tokens after 4 cached, 6 new after none
+    ext = batch_shape(_batch("EXTEND", prefix_lens=[4, 0], extend_lens=[10, 6]))
+    assert ext == {"mode": "EXTEND", "pt": 16, "pr": 2, "pq": 10 * (4 + 5) + 6 * 3, "dr": 0, "dc": 0}
+    # a mixed batch: the prefill row first, then two decode rows (prefix = context - 1, extend 1)
+    mixed = batch_shape(_batch("MIXED", prefix_lens=[8, 99, 49], extend_lens=[32, 1, 1], decoding_reqs=[1, 2]))
+    assert mixed == {"mode": "MIXED", "pt": 32, "pr": 1, "pq": 32 * (8 + 16), "dr": 2, "dc": 150}
+
+
+def _write_log(path: Path, recs: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"t": 99, "dur"')  # torn last line
+
+
+def test_read_steps_periods_skip_idle_gaps_and_torn_lines(tmp_path: Path) -> None:
+    rec = lambda t, idle=False: {"t": t, "dur": 0.01, "idle": idle, "mode": "DECODE", "pt": 0, "pr": 0,  # noqa: E731
+                                 "pq": 0.0, "dr": 1, "dc": 10}
+    _write_log(tmp_path / "s.jsonl", [rec(1.0), rec(1.05), rec(3.0, idle=True), rec(3.02)])
+    steps = read_steps(tmp_path / "s.jsonl")
+    assert steps[0].period_s == pytest.approx(0.05) and steps[1].period_s is None
+    assert steps[2].period_s == pytest.approx(0.02) and steps[3].period_s is None
+    assert [s.t for s in in_window(steps, (1.01, 3.0))] == [1.05, 3.0]
+
+
+def _synthetic_steps(model: object, decode: float, prefill: float, n: int = 3 * MIN_STEPS) -> list[Step]:
+    """Steps whose periods are the profile's prediction at the given speed factors."""
+    out, t = [], 0.0
+    for i in range(n):
+        for s in (Step(t, 0, "DECODE", 0, 0, 0.0, 1 + i % 8, 200 * (1 + i % 8)),
+                  Step(t, 0, "EXTEND", 100 + i, 1, (100 + i) ** 2 / 2, 0, 0),
+                  Step(t, 0, "MIXED", 64, 1, 64 * 40.0, 3, 600)):
+            side = steplog.decode_side_s(model, s)
+            period = decode * side + prefill * (predicted_s(model, s) - side)
+            out.append(Step(t, 0, s.mode, s.prefill_tokens, s.prefill_reqs, s.prefill_pairs, s.decode_rows,
+                            s.decode_context, period))
+            t += period
+    return out
+
+
+def test_speed_scales_recover_the_factors_the_steps_ran_at() -> None:
+    model = resolve_profile("cpu-smollm2-135m").step
+    found = speed_scales(model, _synthetic_steps(model, decode=1.3, prefill=0.8))
+    assert found["decode"] == pytest.approx(1.3) and found["prefill"] == pytest.approx(0.8)
+    assert found["prefill_measured"] and found["steps"] == {"decode": 60, "prefill": 60, "mixed": 60, "other": 0}
+    # too few decode steps to say anything: no factors at all
+    assert speed_scales(model, _synthetic_steps(model, 1.3, 0.8, n=MIN_STEPS - 1)) is None
+
+
+def test_validate_prefers_the_step_log_over_the_point_probe(tmp_path: Path) -> None:
+    """A point measured while the machine ran 1.6x slower: its step log shows it, its probe
+    (wrongly) saw the profile's speed. --rescale takes the step log's factors and then agrees."""
+    from superinfer_sgl.sim.runner import simulate
+    from superinfer_sgl.sim.validate import scaled, validate
+    from superinfer_sgl.sim.workload import sharegpt_like
+
+    prof, slower = resolve_profile("gh200-qwen2.5-32b"), 1.6
+    wl = sharegpt_like(rate=4, duration=10, seed=5)
+    s = simulate(wl, scaled(prof, {"decode": slower, "prefill": slower}).with_server(
+        kv_tokens=30000, chunked_prefill_tokens=4096), "sglang")
+    steps = _synthetic_steps(prof.step, decode=slower, prefill=slower)
+    ab = tmp_path / "ab_fake"
+    (ab / "schedules").mkdir(parents=True)
+    (ab / "logs").mkdir()
+    (ab / "schedules" / "00.json").write_text(json.dumps({"arrivals_s": [r.arrival for r in wl.requests]}))
+    (ab / "logs" / "sglang.steps.jsonl").write_text("".join(json.dumps(
+        {"t": x.t, "dur": 0.0, "idle": False, "mode": x.mode, "pt": x.prefill_tokens, "pr": x.prefill_reqs,
+         "pq": x.prefill_pairs, "dr": x.decode_rows, "dc": x.decode_context}) + "\n" for x in steps))
+    probe = {"steps_ms": [[1, 1000 * prof.step.seconds(decode_reqs=1, decode_context=208)]],
+             "prefill_ms_per_token": 1000 * prof.step.prefill_alone(200) / 200, "prompt_tokens": 200, "out_tokens": 16}
+    reqs = [{"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "slo_class": None,
+             "ttft_slo_ms": 5000.0, "tbt_slo_ms": 100.0} for r in wl.requests]
+    point = {"rate": 4.0, "label": "4 req/s", "speed_probe": probe, "window_unix": [0.0, steps[-1].t],
+             "summary": {"ttft_attainment": s["ttft_attainment"], "joint_attainment": s["both_attainment"],
+                         "tbt_gap_attainment": s["tbt_gap_attainment"], "p50_ttft_ms": 1000 * s["ttft_p50_s"]}}
+    (ab / "ab.json").write_text(json.dumps({
+        "config": {"kv_tokens": 30000, "chunked_prefill": 4096, "workload": "sharegpt", "requests": reqs,
+                   "points": [{"label": "4 req/s", "rate": 4.0}]}, "results": {"sglang": [point]}}))
+    (row,) = validate(ab, prof, rescale=True)["rows"]
+    assert row["speed_source"] == "step log"
+    assert row["speed_scales"]["decode"] == pytest.approx(slower) and row["speed_scales"]["prefill"] == pytest.approx(slower)
+    assert row["delta"]["pass"], row
+    # without the log the misleading probe is what it has, and the replay then disagrees
+    (ab / "logs" / "sglang.steps.jsonl").unlink()
+    (row,) = validate(ab, prof, rescale=True)["rows"]
+    assert row["speed_source"] == "point probe" and not row["delta"]["pass"]
