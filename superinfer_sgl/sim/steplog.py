@@ -92,7 +92,8 @@ def speed_scales(model: StepModel, steps: Sequence[Step]) -> dict | None:
     sim.validate.scaled reproduces the median step of each kind. None when the window holds fewer
     than MIN_STEPS decode steps; the prefill factor is the decode one when fewer prefill steps."""
     timed = [s for s in steps if s.period_s is not None]
-    decode = _median(s.period_s / predicted_s(model, s) for s in timed if s.kind == "decode")
+    ratios = sorted(s.period_s / predicted_s(model, s) for s in timed if s.kind == "decode")
+    decode = _median(ratios)
     if decode is None:
         return None
     prefill = _median((s.period_s - decode * decode_side_s(model, s)) / (predicted_s(model, s) - decode_side_s(model, s))
@@ -100,4 +101,6 @@ def speed_scales(model: StepModel, steps: Sequence[Step]) -> dict | None:
     kinds = [s.kind for s in steps]
     return {"decode": decode, "prefill": decode if prefill is None else prefill,
             "prefill_measured": prefill is not None,
+            # how much single decode steps spread around the median (the replay's steps do not)
+            "decode_p10_p90": [ratios[len(ratios) // 10] / decode, ratios[(9 * len(ratios)) // 10] / decode],
             "steps": {k: kinds.count(k) for k in ("decode", "prefill", "mixed", "other")}}
