@@ -334,7 +334,9 @@ def build_profile(shape: dict, step: dict, link: list[dict], raw: dict, max_tota
                   "kv_bytes_per_token": shape["kv_bytes_per_token"]},
         "server": {"kv_tokens": max_total, "chunked_prefill_tokens": 8192, "max_prefill_tokens": 16384,
                    "max_running_requests": 4096, "host_kv_tokens": 2_000_000,
-                   "request_overhead_s": raw["overhead"]["overhead_s"]},
+                   "request_overhead_s": raw["overhead"]["overhead_s"],
+                   # SGLang's overlap scheduler with a synchronous CPU forward (docs/sim.md)
+                   "emit_after_next_step": True},
         "step": step,
         "link": {"name": "CPU memory (RotationEngine torch path)",
                  "segment_bytes": [r["segment_bytes"] for r in link],

@@ -86,6 +86,11 @@ class Simulator:
         self.iteration = 0
         self.new_token_ratio = 1.0 if self.config.ignore_eos else _RATIO_INIT
         self.gaps = array("d")  # every inter-token gap, seconds
+        # emit_after_next_step: tokens of the last step, streamed when the next step ends (or at
+        # their own step's end, `_unsent_at`, when the server idles instead)
+        self._defer = profile.server.emit_after_next_step
+        self._unsent: list[tuple[SimReq, int]] = []
+        self._unsent_at = 0.0
         self.stats = SimStats()
         self._next = 0  # next arrival index
         self._done = 0
@@ -106,6 +111,7 @@ class Simulator:
         horizon = self.workload.duration + self.config.drain_s
         while self._done < len(self.reqs) and self.now <= horizon and not self.stats.stalled:
             self.step()
+        self._send_unsent(self._unsent_at)
         return self
 
     def step(self) -> None:
@@ -133,6 +139,7 @@ class Simulator:
             return
         self._account(plan, xfer, compute, bool(batch))
         self.now += dt
+        self._send_unsent(self.now)
         self._emit(decoding, joined=False)
         self._emit([r for r, _ in batch if r.kv == r.ctx], joined=True)
 
@@ -151,6 +158,7 @@ class Simulator:
             self.waiting.append(r)
 
     def _idle(self) -> None:
+        self._send_unsent(self._unsent_at)
         if self._next < len(self.reqs):
             self.now = max(self.now, self.reqs[self._next].spec.arrival + self._delay)
         elif self._done < len(self.reqs):
@@ -344,13 +352,13 @@ class Simulator:
         self.running.append(r)
 
     def _emit(self, reqs: list[SimReq], joined: bool) -> None:
-        now, gaps, finished = self.now, self.gaps, False
+        finished = False
         for r in reqs:
-            last = r.clock.last_token
-            if last is not None:
-                gaps.append(now - last)
             r.outputs += 1
-            r.clock.observe_outputs(r.outputs, now)
+            if self._defer:
+                self._unsent.append((r, r.outputs))
+            else:
+                self._send(r, r.outputs, self.now)
             if r.outputs >= r.spec.output_tokens:
                 finished = True
                 self._finish(r)
@@ -358,6 +366,18 @@ class Simulator:
                 self._join_running(r)
         if finished:
             self.running = [r for r in self.running if r.phase is _P_RUNNING]
+
+    def _send(self, r: SimReq, outputs: int, t: float) -> None:
+        """The client sees r's tokens up to `outputs` at t."""
+        if r.clock.last_token is not None:
+            self.gaps.append(t - r.clock.last_token)
+        r.clock.observe_outputs(outputs, t)
+
+    def _send_unsent(self, t: float) -> None:
+        for r, outputs in self._unsent:
+            self._send(r, outputs, t)
+        self._unsent = []
+        self._unsent_at = self.now
 
     def _finish(self, r: SimReq) -> None:
         self._set(r, Phase.FINISHED)

@@ -44,6 +44,11 @@ class ServerLimits:
     # first token back): a request reaches the scheduler this much after it was sent, and its
     # TTFT (measured from the send, as a client does) includes it.
     request_overhead_s: float = 0.0
+    # SGLang's overlap scheduler processes a batch's results (streams its tokens) after launching
+    # the next batch. On a GPU the launch returns at once; on a CPU the forward runs inside the
+    # launch, so a step's tokens reach clients only when the following step ends (at once when
+    # nothing follows). Measured on the CPU server's step log: see docs/sim.md.
+    emit_after_next_step: bool = False
 
     def __post_init__(self) -> None:
         assert self.kv_tokens >= 1 and self.max_prefill_tokens >= 1, self

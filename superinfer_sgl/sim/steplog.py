@@ -10,7 +10,6 @@ for `sim.validate.scaled` from thousands of steps instead of a handful.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +73,12 @@ def predicted_s(model: StepModel, s: Step) -> float:
                          prefill_reqs=s.prefill_reqs, decode_reqs=s.decode_rows, decode_context=s.decode_context)
 
 
-def _median(xs: Iterable[float]) -> float | None:
-    xs = list(xs)
-    return statistics.median(xs) if len(xs) >= MIN_STEPS else None
+def _ratio(pairs: Iterable[tuple[float, float]]) -> float | None:
+    """sum(measured) / sum(predicted), or None over fewer than MIN_STEPS steps."""
+    pairs = list(pairs)
+    if len(pairs) < MIN_STEPS:
+        return None
+    return sum(m for m, _ in pairs) / sum(p for _, p in pairs)
 
 
 def decode_side_s(model: StepModel, s: Step) -> float:
@@ -86,21 +88,23 @@ def decode_side_s(model: StepModel, s: Step) -> float:
 
 
 def speed_scales(model: StepModel, steps: Sequence[Step]) -> dict | None:
-    """Decode factor: median over decode-only steps of measured period / predicted step time.
-    Prefill factor: median over steps with prefill tokens (prefill-only and mixed) of what is left
-    of the measured period after the decode side (at the decode factor), over its prediction; so
-    sim.validate.scaled reproduces the median step of each kind. None when the window holds fewer
-    than MIN_STEPS decode steps; the prefill factor is the decode one when fewer prefill steps."""
+    """Decode factor: the decode-only steps' measured time over what the profile predicts for
+    them (a ratio of sums, so the replay keeps the server's busy time: single steps spread, and
+    a median would drop the slow tail). Prefill factor: the same over the steps with prefill
+    tokens (prefill-only and mixed), for what is left of each step after its decode side at the
+    decode factor. None when the window holds fewer than MIN_STEPS decode steps; the prefill
+    factor is the decode one when it holds fewer prefill steps (prefill_measured: False)."""
     timed = [s for s in steps if s.period_s is not None]
-    ratios = sorted(s.period_s / predicted_s(model, s) for s in timed if s.kind == "decode")
-    decode = _median(ratios)
+    dec = [(s.period_s, predicted_s(model, s)) for s in timed if s.kind == "decode"]
+    decode = _ratio(dec)
     if decode is None:
         return None
-    prefill = _median((s.period_s - decode * decode_side_s(model, s)) / (predicted_s(model, s) - decode_side_s(model, s))
-                      for s in timed if s.prefill_tokens and predicted_s(model, s) > decode_side_s(model, s))
+    prefill = _ratio((s.period_s - decode * decode_side_s(model, s), predicted_s(model, s) - decode_side_s(model, s))
+                     for s in timed if s.prefill_tokens and predicted_s(model, s) > decode_side_s(model, s))
+    ratios = sorted(m / p for m, p in dec)
     kinds = [s.kind for s in steps]
     return {"decode": decode, "prefill": decode if prefill is None else prefill,
             "prefill_measured": prefill is not None,
-            # how much single decode steps spread around the median (the replay's steps do not)
+            # single decode steps around the factor (the replay's steps do not spread)
             "decode_p10_p90": [ratios[len(ratios) // 10] / decode, ratios[(9 * len(ratios)) // 10] / decode],
             "steps": {k: kinds.count(k) for k in ("decode", "prefill", "mixed", "other")}}

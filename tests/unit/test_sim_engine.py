@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,22 @@ def test_one_request_prefill_then_decode_steps() -> None:
     assert list(sim.gaps) == pytest.approx([0.015, 0.015])  # decode of one request: 10 + 5 ms
     assert sim.now == pytest.approx(0.050)
     assert sim.reqs[0].phase is Phase.FINISHED and sim.used == 0
+
+
+def test_emit_after_next_step_streams_each_steps_tokens_when_the_next_one_ends() -> None:
+    """SGLang's overlap scheduler on a CPU: a step's tokens are streamed after the following step;
+    the last step's at once (nothing follows). One request, 3 tokens: prefill 20 ms, decodes 15 ms."""
+    prof = profile()
+    deferred = replace(prof, server=replace(prof.server, emit_after_next_step=True))
+    sim = run(workload((0.0, 10, 3)), prof=deferred)
+    assert ttft(sim, 0) == pytest.approx(0.035)  # the prefill's token goes out after the first decode
+    assert list(sim.gaps) == pytest.approx([0.015, 0.0])  # the last two tokens go out together
+    assert sim.now == pytest.approx(0.050) and sim.reqs[0].phase is Phase.FINISHED
+    # a second request arriving after the first finished: its prefill's token waits for its own
+    # first decode, not for the idle gap
+    sim = run(workload((0.0, 10, 2), (1.0, 10, 2)), prof=deferred)
+    assert ttft(sim, 0) == pytest.approx(0.035) and ttft(sim, 1) == pytest.approx(0.035)
+    assert list(sim.gaps) == pytest.approx([0.0, 0.0])
 
 
 def test_arrival_during_iteration_joins_next_and_prefill_stalls_decode() -> None:
