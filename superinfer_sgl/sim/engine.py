@@ -86,11 +86,13 @@ class Simulator:
         self.iteration = 0
         self.new_token_ratio = 1.0 if self.config.ignore_eos else _RATIO_INIT
         self.gaps = array("d")  # every inter-token gap, seconds
-        # emit_after_next_step: tokens of the last step, streamed when the next step ends (or at
-        # their own step's end, `_unsent_at`, when the server idles instead)
+        # emit_after_next_step: the last step's results (its tokens, the KV of the requests it
+        # finished) are processed when the next step ends, or at the step's own end
+        # (`_unsent_at`) when the server idles instead
         self._defer = profile.server.emit_after_next_step
         self._unsent: list[tuple[SimReq, int]] = []
         self._unsent_at = 0.0
+        self._unfreed = 0  # device KV of requests finished in the last step, not yet freed
         self.stats = SimStats()
         self._next = 0  # next arrival index
         self._done = 0
@@ -158,7 +160,9 @@ class Simulator:
             self.waiting.append(r)
 
     def _idle(self) -> None:
-        self._send_unsent(self._unsent_at)
+        if self._unsent or self._unfreed:  # nothing to launch: the loop processes the last results now
+            self._send_unsent(self._unsent_at)
+            return
         if self._next < len(self.reqs):
             self.now = max(self.now, self.reqs[self._next].spec.arrival + self._delay)
         elif self._done < len(self.reqs):
@@ -374,14 +378,21 @@ class Simulator:
         r.clock.observe_outputs(outputs, t)
 
     def _send_unsent(self, t: float) -> None:
+        """The last step's results processed: its tokens streamed at t, its finished requests'
+        KV freed (emit_after_next_step)."""
         for r, outputs in self._unsent:
             self._send(r, outputs, t)
         self._unsent = []
         self._unsent_at = self.now
+        self.used -= self._unfreed
+        self._unfreed = 0
 
     def _finish(self, r: SimReq) -> None:
         self._set(r, Phase.FINISHED)
-        self.used -= r.alloc
+        if self._defer:  # SGLang frees it while processing the results, after the next launch
+            self._unfreed += r.alloc
+        else:
+            self.used -= r.alloc
         r.alloc = r.kv = 0
         self._done += 1
 

@@ -108,3 +108,58 @@ def speed_scales(model: StepModel, steps: Sequence[Step]) -> dict | None:
             # single decode steps around the factor (the replay's steps do not spread)
             "decode_p10_p90": [ratios[len(ratios) // 10] / decode, ratios[(9 * len(ratios)) // 10] / decode],
             "steps": {k: kinds.count(k) for k in ("decode", "prefill", "mixed", "other")}}
+
+
+MIN_SPREAD = 3  # a slope needs its regressor to span at least this many rows / this ratio of tokens
+
+
+def refit(model: StepModel, steps: Sequence[Step]) -> tuple[StepModel, dict] | None:
+    """The profile's step model refit to the window's own steps, where they pin it down.
+
+    Two factors keep the profile's shape: on this VM the cost of one more decode row moves with
+    the machine's state differently from the base (in one point, 9-row steps ran 20% over the
+    scaled profile while 1-row steps matched). So, after speed_scales: decode base and per-row cost
+    by least squares over the decode-only steps (context cost: the profile's at the decode factor,
+    the contexts here being too alike to fit it); prefill intercept and per-token cost over the
+    steps with prefill tokens, after their decode side (pair cost: the profile's at the prefill
+    factor). Where the window's batch sizes or prompt lengths barely vary, or the profile is a
+    roofline (floor_s > 0), that part stays scaled.
+    Returns the model and what was fitted; None as speed_scales."""
+    import numpy as np
+
+    scales = speed_scales(model, steps)
+    if scales is None:
+        return None
+    d, f = scales["decode"], scales["prefill"]
+    base, per_row, per_ctx = model.base_s * d, model.per_decode_token_s * d, model.per_context_token_s * d
+    timed = [s for s in steps if s.period_s is not None]
+    dec = [s for s in timed if s.kind == "decode"]
+    fitted: list[str] = []
+    rows = [s.decode_rows for s in dec]
+    # a roofline profile (floor_s > 0: step = max(floor, linear)) is not linear in the rows: scaled only
+    linear = model.floor_s == 0.0
+    if linear and max(rows) - min(rows) >= MIN_SPREAD:
+        A = np.array([[1.0, s.decode_rows] for s in dec])
+        y = np.array([s.period_s - per_ctx * s.decode_context for s in dec])
+        (b0, b1), *_ = np.linalg.lstsq(A, y, rcond=None)
+        if b0 > 0 and b1 > 0:
+            base, per_row = float(b0), float(b1)
+            fitted.append("decode base and per-row cost")
+    pre_base, per_tok, per_pair = model.prefill_base_s * f, model.per_prefill_token_s * f, model.per_prefill_pair_s * f
+    partial = StepModel(base_s=base, per_decode_token_s=per_row, per_context_token_s=per_ctx)
+    pre = [s for s in timed if s.prefill_tokens]
+    toks = [s.prefill_tokens for s in pre]
+    if linear and len(pre) >= MIN_STEPS and max(toks) >= MIN_SPREAD * min(toks):
+        # what the prefill part of each step took: its period less its decode side and pair cost
+        side = [partial.seconds(decode_reqs=s.decode_rows, decode_context=s.decode_context) if s.decode_rows
+                else base for s in pre]
+        A = np.array([[1.0, s.prefill_tokens] for s in pre])
+        y = np.array([s.period_s - x - per_pair * s.prefill_pairs for s, x in zip(pre, side)])
+        (a0, a1), *_ = np.linalg.lstsq(A, y, rcond=None)
+        if a1 > 0:
+            pre_base, per_tok = float(max(a0, 0.0)), float(a1)
+            fitted.append("prefill intercept and per-token cost")
+    step = StepModel(base_s=base, prefill_base_s=pre_base, floor_s=model.floor_s * d, per_prefill_token_s=per_tok,
+                     per_decode_token_s=per_row, per_context_token_s=per_ctx, per_prefill_pair_s=per_pair,
+                     per_prefill_req_s=model.per_prefill_req_s * f, per_resume_s=model.per_resume_s * d)
+    return step, {**scales, "refit": fitted}

@@ -221,20 +221,22 @@ def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
     return {"decode": decode, "prefill": prefill}
 
 
-def point_scales(profile: Profile, ab_path: Path, system: str, point: dict) -> tuple[dict | None, str | None]:
-    """A point's speed factors: from the server's step log over the point's window (A/Bs since
-    2026-11-23 log every iteration), else from the probe run right before the point."""
+def point_profile(profile: Profile, ab_path: Path, system: str, point: dict) -> tuple[Profile | None, dict | None, str | None]:
+    """The profile at a point's own speed: refit to the server's step log over the point's window
+    (A/Bs since 2026-11-23 log every iteration), else scaled to the probe run right before the
+    point. (None, None, None) when the point has neither."""
     log = ab_path.parent / "logs" / f"{system.replace('#', '_')}.steps.jsonl"
     if point.get("window_unix") and log.exists():
-        found = steplog.speed_scales(profile.step, steplog.in_window(_steps(log), point["window_unix"]))
+        found = steplog.refit(profile.step, steplog.in_window(_steps(log), point["window_unix"]))
         if found:
-            return found, "step log"
+            return replace(profile, step=found[0]), found[1], "step log"
     probed = point.get("speed_probe")
     if probed:
-        return speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
-                                      # the first A/B with point probes did not record it: 16
-                                      "probe_out_tokens": probed.get("out_tokens", 16)}), "point probe"
-    return None, None
+        scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
+                                        # the first A/B with point probes did not record it: 16
+                                        "probe_out_tokens": probed.get("out_tokens", 16)})
+        return scaled(profile, scales), scales, "point probe"
+    return None, None, None
 
 
 @functools.lru_cache(maxsize=8)
@@ -276,10 +278,10 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else
         # to the A/B's opening probe
-        pt_scales, source = point_scales(profile, ab_path, pt.system, point) if rescale else (None, None)
-        pt_scales = pt_scales or scales
-        source = source or ("opening probe" if pt_scales else "profile as measured")
-        pt_prof = scaled(profile, pt_scales).with_server(**server_limits)
+        pt_prof, pt_scales, source = point_profile(profile, ab_path, pt.system, point) if rescale else (None,) * 3
+        if pt_prof is None:
+            pt_prof, pt_scales, source = prof, scales, "opening probe" if scales else "profile as measured"
+        pt_prof = pt_prof.with_server(**server_limits)
         config = system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens)
         sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), pt_prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)

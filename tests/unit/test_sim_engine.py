@@ -66,6 +66,33 @@ def test_emit_after_next_step_streams_each_steps_tokens_when_the_next_one_ends()
     assert list(sim.gaps) == pytest.approx([0.0, 0.0])
 
 
+def test_emit_after_next_step_frees_a_finished_requests_kv_with_its_results() -> None:
+    """The KV of a request finished in step N is freed when N's results are processed: after step
+    N+1 while the server stays busy, at once when nothing else can run. A (10 + 3 tokens) and B
+    (17 + 2) do not fit together in 30 tokens; C (2 + 8) decodes beside A."""
+    prof = profile(kv_tokens=30)
+    deferred = replace(prof, server=replace(prof.server, emit_after_next_step=True))
+    # nothing else runs when A finishes at 50 ms: B's prefill (27 ms) starts right then, and its
+    # token goes out after B's first decode (15 ms)
+    sim = run(workload((0.0, 10, 3), (0.0, 17, 2)), prof=deferred)
+    assert ttft(sim, 1) == pytest.approx(0.050 + 0.027 + 0.015) and not sim.stats.stalled
+
+    def step_after_a_finishes(p: Profile) -> Simulator:
+        sim = Simulator(workload((0.0, 10, 3), (0.0, 2, 8), (0.001, 17, 2)), p, make_policy("sglang"),
+                        SimConfig(min_stint_s=0.0))
+        while sim.reqs[0].phase is not Phase.FINISHED:
+            sim.step()
+        sim.step()
+        return sim
+
+    assert step_after_a_finishes(prof).reqs[2].phase is Phase.RUNNING  # admitted at once
+    late = step_after_a_finishes(deferred)
+    assert late.reqs[2].phase is Phase.WAITING and late.reqs[1].phase is Phase.RUNNING  # C decoded, B waited
+    late.step()
+    assert late.reqs[2].phase is Phase.RUNNING
+    assert late.run().used == 0
+
+
 def test_arrival_during_iteration_joins_next_and_prefill_stalls_decode() -> None:
     sim = run(workload((0.0, 10, 3), (0.005, 20, 2)))
     assert ttft(sim, 0) == pytest.approx(0.020)

@@ -60,7 +60,7 @@ def _synthetic_steps(model: object, decode: float, prefill: float, n: int = 3 * 
     out, t = [], 0.0
     for i in range(n):
         for s in (Step(t, 0, "DECODE", 0, 0, 0.0, 1 + i % 8, 200 * (1 + i % 8)),
-                  Step(t, 0, "EXTEND", 100 + i, 1, (100 + i) ** 2 / 2, 0, 0),
+                  Step(t, 0, "EXTEND", 20 + 8 * i, 1, (20 + 8 * i) ** 2 / 2, 0, 0),
                   Step(t, 0, "MIXED", 64, 1, 64 * 40.0, 3, 600)):
             side = steplog.decode_side_s(model, s)
             period = decode * side + prefill * (predicted_s(model, s) - side)
@@ -77,6 +77,30 @@ def test_speed_scales_recover_the_factors_the_steps_ran_at() -> None:
     assert found["prefill_measured"] and found["steps"] == {"decode": 60, "prefill": 60, "mixed": 60, "other": 0}
     # too few decode steps to say anything: no factors at all
     assert speed_scales(model, _synthetic_steps(model, 1.3, 0.8, n=MIN_STEPS - 1)) is None
+
+
+def test_refit_recovers_a_step_model_of_another_shape() -> None:
+    """Steps from a model whose per-row and per-token costs moved unlike its base (what this VM
+    does): two factors cannot match them, the refit does, exactly."""
+    from dataclasses import replace
+
+    from superinfer_sgl.sim.steplog import refit
+
+    model = resolve_profile("cpu-smollm2-135m").step
+    true = replace(model, base_s=model.base_s * 1.2, per_decode_token_s=model.per_decode_token_s * 2.0,
+                   per_context_token_s=model.per_context_token_s * 1.2, per_prefill_token_s=model.per_prefill_token_s * 1.1,
+                   prefill_base_s=0.01, per_prefill_pair_s=model.per_prefill_pair_s * 1.1)
+    steps = [replace(s, period_s=predicted_s(true, s)) for s in _synthetic_steps(model, 1.0, 1.0)]
+    fitted, info = refit(model, steps)
+    assert info["refit"] == ["decode base and per-row cost", "prefill intercept and per-token cost"]
+    for s in steps:
+        assert predicted_s(fitted, s) == pytest.approx(s.period_s, rel=0.02), s
+    assert fitted.per_decode_token_s == pytest.approx(true.per_decode_token_s, rel=0.05)
+    assert fitted.per_prefill_token_s == pytest.approx(true.per_prefill_token_s, rel=0.05)
+    # one batch size only: nothing to fit a slope on, the decode side stays scaled
+    one = [replace(s, decode_rows=1, decode_context=200) for s in steps if s.kind == "decode"]
+    one = [replace(s, period_s=predicted_s(true, s)) for s in one]
+    assert refit(model, one)[1]["refit"] == []
 
 
 def test_validate_prefers_the_step_log_over_the_point_probe(tmp_path: Path) -> None:
