@@ -10,6 +10,7 @@ model's time, and tokens are stamped with the iteration's end time.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from superinfer_sgl.config import SuperInferConfig
@@ -41,9 +42,15 @@ class SimConfig:
     # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
     # it has run this long in its current stint. 0: the paper's rule.
     min_stint_s: float = SuperInferConfig().min_stint_ms / 1000.0
+    # The machine's speed over the run: (from time s, factor) pairs sorted by time, multiplying
+    # every step's compute from then on (a replay of a measured run: sim/steplog.speed_trace).
+    # Empty: the profile's speed throughout.
+    speed_trace: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
+        assert all(f > 0 for _, f in self.speed_trace), self.speed_trace
+        assert [t for t, _ in self.speed_trace] == sorted(t for t, _ in self.speed_trace), self.speed_trace
 
 
 @dataclass
@@ -93,6 +100,8 @@ class Simulator:
         self._unsent: list[tuple[SimReq, int]] = []
         self._unsent_at = 0.0
         self._unfreed = 0  # device KV of requests finished in the last step, not yet freed
+        self._trace_t = [t for t, _ in self.config.speed_trace]
+        self._trace_f = [f for _, f in self.config.speed_trace]
         self.stats = SimStats()
         self._next = 0  # next arrival index
         self._done = 0
@@ -134,6 +143,9 @@ class Simulator:
         compute = step.seconds(tokens, pairs, len(batch), len(decoding), context)
         if restored:
             compute += step.per_resume_s * restored
+        if self._trace_t:
+            i = bisect_right(self._trace_t, self.now)
+            compute *= self._trace_f[i - 1] if i else 1.0
         xfer = self.engine.seconds(self._out, self._in)
         dt = plan.sched_s + (max(xfer, compute) if self.config.lookahead else xfer + compute)
         if dt <= 0.0:

@@ -163,3 +163,34 @@ def refit(model: StepModel, steps: Sequence[Step]) -> tuple[StepModel, dict] | N
                      per_decode_token_s=per_row, per_context_token_s=per_ctx, per_prefill_pair_s=per_pair,
                      per_prefill_req_s=model.per_prefill_req_s * f, per_resume_s=model.per_resume_s * d)
     return step, {**scales, "refit": fitted}
+
+
+TRACE_BUCKET_S = 3.0  # speed-trace resolution: this VM's speed moves by 15-20% between 3 s buckets
+TRACE_MIN_STEPS = 8
+
+
+def bench_start(steps: Sequence[Step], first_arrival_s: float, overhead_s: float) -> float | None:
+    """Unix time of the replay's t = 0 in a point's window: sglang.bench_serving sends one warm-up
+    request and waits for it before the first scheduled one, so the first prefill after an idle
+    scheduler turn is the warm-up's and the second is the first scheduled request's (sent at
+    first_arrival_s, at the scheduler overhead_s later). None without two such prefills."""
+    starts = [s.t for prev, s in zip(steps, steps[1:]) if s.prefill_tokens and prev.period_s is None]
+    if steps and steps[0].prefill_tokens:
+        starts.insert(0, steps[0].t)
+    return starts[1] - first_arrival_s - overhead_s if len(starts) >= 2 else None
+
+
+def speed_trace(model: StepModel, steps: Sequence[Step], t0: float,
+                bucket_s: float = TRACE_BUCKET_S) -> tuple[tuple[float, float], ...]:
+    """The machine's speed over a point relative to `model` (for SimConfig.speed_trace): per
+    bucket_s of wall time from t0, measured over predicted time of its steps (ratio of sums);
+    1 before t0 and for buckets with fewer than TRACE_MIN_STEPS steps."""
+    buckets: dict[int, list[float]] = {}
+    for s in steps:
+        if s.period_s is not None and s.t >= t0:
+            acc = buckets.setdefault(int((s.t - t0) // bucket_s), [0.0, 0.0, 0])
+            acc[0] += s.period_s
+            acc[1] += predicted_s(model, s)
+            acc[2] += 1
+    return tuple((k * bucket_s, m / p if n >= TRACE_MIN_STEPS and p > 0 else 1.0)
+                 for k, (m, p, n) in sorted(buckets.items()))

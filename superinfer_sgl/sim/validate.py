@@ -221,15 +221,28 @@ def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
     return {"decode": decode, "prefill": prefill}
 
 
-def point_profile(profile: Profile, ab_path: Path, system: str, point: dict) -> tuple[Profile | None, dict | None, str | None]:
-    """The profile at a point's own speed: refit to the server's step log over the point's window
-    (A/Bs since 2026-11-23 log every iteration), else scaled to the probe run right before the
-    point. (None, None, None) when the point has neither."""
+STEP_LOG_USES = ("trace", "refit", "scale")  # what --rescale takes from a step log (ablations: docs/sim.md)
+
+
+def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, first_arrival_s: float = 0.0,
+                  use: str = "trace") -> tuple[Profile | None, dict | None, str | None]:
+    """The profile at a point's own speed. From the server's step log over the point's window
+    (A/Bs since 2026-11-23 log every iteration): use "scale" two factors, "refit" the step
+    model refit to the window, "trace" that plus the machine's speed over the point in 3 s
+    buckets (scales['trace'], for SimConfig.speed_trace). Else scaled to the probe run right
+    before the point. (None, None, None) when the point has neither."""
+    assert use in STEP_LOG_USES, use
     log = ab_path.parent / "logs" / f"{system.replace('#', '_')}.steps.jsonl"
     if point.get("window_unix") and log.exists():
-        found = steplog.refit(profile.step, steplog.in_window(_steps(log), point["window_unix"]))
+        window = steplog.in_window(_steps(log), point["window_unix"])
+        found = steplog.refit(profile.step, window)
+        if found and use == "scale":
+            return scaled(profile, found[1]), {**found[1], "refit": []}, "step log"
         if found:
-            return replace(profile, step=found[0]), found[1], "step log"
+            step, scales = found
+            t0 = steplog.bench_start(window, first_arrival_s, profile.server.request_overhead_s)
+            trace = steplog.speed_trace(step, window, t0) if t0 is not None and use == "trace" else ()
+            return replace(profile, step=step), {**scales, "trace": trace}, "step log"
     probed = point.get("speed_probe")
     if probed:
         scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
@@ -258,7 +271,7 @@ def scaled(profile: Profile, scales: dict | None) -> Profile:
 
 
 def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None,
-             rescale: bool = False) -> dict:
+             rescale: bool = False, step_log_use: str = "trace") -> dict:
     ab_path = find_ab(ab_path)
     doc = json.loads(ab_path.read_text())
     cfg = doc["config"]
@@ -278,12 +291,16 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else
         # to the A/B's opening probe
-        pt_prof, pt_scales, source = point_profile(profile, ab_path, pt.system, point) if rescale else (None,) * 3
+        workload = ab_workload(doc, ab_path, pt.index, prompt_ids)
+        pt_prof, pt_scales, source = point_profile(profile, ab_path, pt.system, point, workload.requests[0].arrival,
+                                                    step_log_use) \
+            if rescale and workload.requests else (None,) * 3
         if pt_prof is None:
             pt_prof, pt_scales, source = prof, scales, "opening probe" if scales else "profile as measured"
         pt_prof = pt_prof.with_server(**server_limits)
-        config = system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens)
-        sim = simulate(ab_workload(doc, ab_path, pt.index, prompt_ids), pt_prof, policy, config)
+        config = replace(system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens),
+                         speed_trace=tuple((pt_scales or {}).get("trace") or ()))
+        sim = simulate(workload, pt_prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
         counters = point.get("counters") or {}
         rows.append({"system": pt.system, "policy": policy, "rate": pt.rate, "measured": measured,
@@ -352,9 +369,13 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['system']} ({policy}) | {r['rate']:g} | {f(m['ttft_attainment'])} / "
                      f"{f(s['ttft_attainment'])} | {f(m['joint_attainment'])} / {f(s['joint_attainment'])} | "
                      f"{g(m['p50_ttft_s'])} / {g(s['p50_ttft_s'])} | {rot} | " + (
-                     f"{r['speed_scales']['decode']:.2f} / {r['speed_scales']['prefill']:.2f} | "
+                     f"{r['speed_scales']['decode']:.2f} / {r['speed_scales']['prefill']:.2f}"
+                     f"{'*' if r['speed_scales'].get('refit') else ''} | "
                      if per_point and r.get("speed_scales") else "- | " if per_point else "")
                      + f"{'yes' if r['delta']['pass'] else 'NO'} |")
+    if any((r.get("speed_scales") or {}).get("refit") for r in report["rows"]):
+        lines += ["", "\\* the step model's decode and/or prefill slopes refit to the point's own steps "
+                  "(sim/steplog.py `refit`); the factors are the ratios of measured to profiled step time"]
     lines += ["", f"all pass: {report['all_pass']}"]
     twins = report.get("twin_agreement") or {}
     if twins:

@@ -93,6 +93,16 @@ def test_emit_after_next_step_frees_a_finished_requests_kv_with_its_results() ->
     assert late.run().used == 0
 
 
+def test_speed_trace_scales_the_steps_that_start_after_each_mark() -> None:
+    """SimConfig.speed_trace: the machine twice as slow from 30 ms on. Prefill 20 ms, decode 15 ms
+    at 20 ms (before the mark), then 30 ms decodes."""
+    sim = run(workload((0.0, 10, 4)), speed_trace=((0.03, 2.0),))
+    assert ttft(sim, 0) == pytest.approx(0.020)
+    assert list(sim.gaps) == pytest.approx([0.015, 0.030, 0.030])
+    with pytest.raises(AssertionError):
+        SimConfig(speed_trace=((0.5, 1.0), (0.1, 1.0)))  # not sorted
+
+
 def test_arrival_during_iteration_joins_next_and_prefill_stalls_decode() -> None:
     sim = run(workload((0.0, 10, 3), (0.005, 20, 2)))
     assert ttft(sim, 0) == pytest.approx(0.020)

@@ -140,3 +140,31 @@ def test_validate_prefers_the_step_log_over_the_point_probe(tmp_path: Path) -> N
     (ab / "logs" / "sglang.steps.jsonl").unlink()
     (row,) = validate(ab, prof, rescale=True)["rows"]
     assert row["speed_source"] == "point probe" and not row["delta"]["pass"]
+
+
+def test_bench_start_and_speed_trace() -> None:
+    """t = 0 of the replay is the first scheduled request's arrival: the second prefill after an
+    idle scheduler turn (the first is bench_serving's warm-up). The trace is measured / predicted
+    per bucket from there on."""
+    from dataclasses import replace
+
+    from superinfer_sgl.sim.steplog import bench_start, speed_trace
+
+    model = resolve_profile("cpu-smollm2-135m").step
+    pre = Step(0.0, 0, "EXTEND", 100, 1, 5000.0, 0, 0)
+    dec = Step(0.0, 0, "DECODE", 0, 0, 0.0, 2, 300)
+    p, d = predicted_s(model, pre), predicted_s(model, dec)
+    steps, t = [], 100.0
+    steps.append(replace(pre, t=t, period_s=p)); t += p
+    steps.append(replace(dec, t=t, period_s=None)); t += 1.0  # warm-up done, idle
+    start = t
+    for k in range(150):  # 1x for 2 s, then 1.5x
+        f = 1.0 if t - start < 2.0 else 1.5
+        s = pre if k == 0 else dec
+        steps.append(replace(s, t=t, period_s=f * predicted_s(model, s)))
+        t += f * predicted_s(model, s)
+    assert bench_start(steps, first_arrival_s=0.25, overhead_s=0.01) == pytest.approx(start - 0.26)
+    assert bench_start(steps[:2], 0.0, 0.0) is None  # only the warm-up
+    trace = speed_trace(model, steps, start, bucket_s=2.0)
+    assert trace[0] == pytest.approx((0.0, 1.0)) and trace[1][0] == 2.0 and trace[1][1] > 1.3
+    assert all(f == pytest.approx(1.5) for _, f in trace[2:-1])
