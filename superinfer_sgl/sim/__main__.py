@@ -40,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="cost profile (name in profiles/ or a path) for --validate; reports made with another "
                          "profile or --rescale get its name / _rescaled in their file names")
     ap.add_argument("--rescale", action="store_true",
-                    help="--validate: scale the profile's speed to the A/B's own speed probes, each point's "
-                         "where the A/B recorded them, else the opening one (a what-if: it did not bring the "
-                         "replay within the criterion on 2026-11-22/23, see docs/sim.md)")
+                    help="--validate: replay each point at the machine's speed while it ran: from the servers' "
+                         "step logs where the A/B has them (step model refit to the point's steps, plus its speed "
+                         "over time in 3 s buckets), else from the speed probe right before the point, else from "
+                         "the opening probe (docs/sim.md)")
     ap.add_argument("--map", action="append", default=[], metavar="SYSTEM=POLICY",
                     help="--validate: simulate an A/B system with this policy (e.g. superinfer=lvf-duplex)")
     sub = ap.add_subparsers(dest="cmd")
