@@ -4,7 +4,8 @@ One loop turn = one scheduler iteration of SGLang: arrivals join the waiting que
 plans, KV moves are applied (their link time delays the iteration), SGLang's PrefillAdder admits
 from the plan's order, then either a prefill batch or one decode step of the running batch runs
 (SGLang's default; with mixed_chunk a prefill batch also decodes the running batch) for the cost
-model's time, and tokens are stamped with the iteration's end time.
+model's time, and tokens are stamped with the iteration's end time (with the profile's
+emit_after_next_step, the next iteration's: SGLang's overlap scheduler on a CPU).
 """
 
 from __future__ import annotations

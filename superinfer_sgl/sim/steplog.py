@@ -4,7 +4,8 @@ A replay's cost profile was measured at another time; on a shared machine the sp
 point differs by tens of percent, and a probe before the point sees only its own few seconds.
 The step log holds every iteration the server ran during the point: compared with what the
 profile predicts for the same batch shapes, it gives the point's decode and prefill speed factors
-for `sim.validate.scaled` from thousands of steps instead of a handful.
+(`speed_scales`) from thousands of steps instead of a handful, the step model refit to them
+(`refit`), and the machine's speed over the point (`speed_trace`, from `bench_start`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@ compare the simulator with what the servers measured.
 
 The replay uses the A/B's own requests (templated prompt lengths, output lengths, per-request SLOs),
 its arrival schedules (schedules/NN.json beside ab.json), its KV budget and chunked-prefill size,
-and a measured cost profile (profiles/cpu-smollm2-135m.json by default). Pass: for every system and
-rate, TTFT and joint attainment within 10 points of the measurement and P50 TTFT within 25%.
+and a measured cost profile (profiles/cpu-smollm2-135m.json by default). With `rescale`, each point
+runs at the machine's speed while it was measured: from the servers' step logs where the A/B has
+them (sim/steplog.py), else from its speed probes. Pass: for every system and rate, TTFT and joint
+attainment within 10 points of the measurement and P50 TTFT within 25%.
 """
 
 from __future__ import annotations
@@ -349,7 +351,9 @@ def markdown(report: dict) -> str:
     sc = report.get("speed_scales")
     sources = sorted({r.get("speed_source") for r in report["rows"]} & {"point probe", "step log"})
     per_point = bool(sources)
-    speed = (f"; profile speed scaled per point, from its {' or '.join(sources)} (decode / prefill factors per row)"
+    traced = any((r.get("speed_scales") or {}).get("trace") for r in report["rows"])
+    speed = (f"; profile speed per point, from its {' or '.join(sources)} (decode / prefill factors per row"
+             + ("; step-log points also follow their 3 s speed trace)" if traced else ")")
              if per_point
              else f"; profile speed scaled to the A/B's probe: decode x{sc['decode']:.2f}, prefill "
              f"x{sc['prefill']:.2f}" if sc else "; profile speed as measured")
