@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from superinfer_sgl.sim.profile import StepModel
 
 MIN_STEPS = 20  # fewer steps of a kind in a window: no factor for that kind (the profile's own)
@@ -126,8 +128,6 @@ def refit(model: StepModel, steps: Sequence[Step]) -> tuple[StepModel, dict] | N
     factor). Where the window's batch sizes or prompt lengths barely vary, or the profile is a
     roofline (floor_s > 0), that part stays scaled.
     Returns the model and what was fitted; None as speed_scales."""
-    import numpy as np
-
     scales = speed_scales(model, steps)
     if scales is None:
         return None
