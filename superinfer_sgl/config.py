@@ -13,8 +13,12 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 
+from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
+from .rotasched.goodput import POLICIES as _GOODPUT_POLICIES
+
 CONFIG_ENV = "SUPERINFER_SGL_CONFIG"
 SCHEDULERS = ("rotasched", "sglang")
+POLICIES = _GOODPUT_POLICIES
 KV_TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
 
 
@@ -25,6 +29,12 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class SuperInferConfig:
     scheduler: str = "rotasched"
+    # goodput: serve first the requests that can still meet both SLOs (rotasched/goodput.py);
+    # paper: the paper's Largest-VLT-First as published (plus the rotation quantum).
+    policy: str = "goodput"
+    # Goodput mode's starvation bound: a best-effort request that has waited this long is first
+    # in line for memory.
+    max_best_effort_wait_ms: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S * 1000.0
     ttft_slo_ms: float = 5000.0
     tbt_slo_ms: float = 100.0
     slo_classes: str | None = None
@@ -34,8 +44,10 @@ class SuperInferConfig:
     # Rotation quantum: LVF may rotate a running request out only after it has run this long in
     # its current stint. The paper's rule (0) round-robins every request under sustained overload:
     # each rotation costs the server work (58 ms on our CPU server, docs/sim.md), and every paused
-    # request misses TBT. 5 s: best joint attainment in the simulator on GH200 and on the CPU A/B.
-    min_stint_ms: float = 5000.0
+    # request misses TBT. None (auto): 5 s with --policy paper (best joint attainment in the
+    # simulator on GH200 and on the CPU A/B); with goodput, 20 measured rotation costs
+    # (rotasched.goodput.quantum_s).
+    min_stint_ms: float | None = None
     # None: the paper's 2400 blocks, capped at an eighth of the device KV pool per iteration.
     rotation_budget_blocks: int | None = None
     rotary_block_tokens: int = 16
@@ -50,6 +62,9 @@ class SuperInferConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ConfigError(f"--scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"--policy must be one of {POLICIES}, got {self.policy!r}")
+        _require(self.max_best_effort_wait_ms > 0, "max_best_effort_wait_ms", "must be > 0")
         if self.kv_transfer not in KV_TRANSFERS:
             raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
@@ -57,6 +72,8 @@ class SuperInferConfig:
             _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
         for name in ("vlt_beta_ttft", "vlt_beta_tbt", "min_stint_ms"):
             value = getattr(self, name)
+            if value is None:
+                continue
             _require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
         if self.rotation_budget_blocks is not None:
             _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
@@ -94,6 +111,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("superinfer_sgl (RotaSched / DuplexKV)")
     g.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler,
                    help="rotasched: SLO-aware rotary scheduling; sglang: SGLang's stock scheduling")
+    g.add_argument("--policy", choices=POLICIES, default=d.policy,
+                   help="goodput: requests that can still meet both SLOs first, TBT- and cost-aware "
+                        "rotation, bounded starvation; paper: the paper's Largest-VLT-First")
+    g.add_argument("--max-best-effort-wait-ms", type=float, default=d.max_best_effort_wait_ms,
+                   help="goodput policy: a request that can no longer meet its SLOs is served "
+                        "best-effort, and first in line for memory once it has waited this long")
     g.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms, help="default TTFT SLO (ms)")
     g.add_argument("--tbt-slo-ms", type=float, default=d.tbt_slo_ms, help="default TBT SLO (ms)")
     g.add_argument("--slo-classes", default=d.slo_classes,
@@ -103,7 +126,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vlt-beta-tbt", type=float, default=d.vlt_beta_tbt, help="VLT TBT slack fraction")
     g.add_argument("--min-stint-ms", type=float, default=d.min_stint_ms,
                    help="rotation quantum: a running request is not rotated out before it has run "
-                        "this long in its current stint (0: the paper's rule, any running request)")
+                        "this long in its current stint (0: the paper's rule, any running request; "
+                        "default: 5000 with --policy paper, 20 measured rotation costs with goodput)")
     g.add_argument("--rotation-budget-blocks", type=int, default=d.rotation_budget_blocks,
                    help="B_xfer: rotation blocks moved per iteration in each direction (default: "
                         "2400, the paper's, capped at 1/8 of the device KV pool)")

@@ -111,11 +111,11 @@ def _with_env(env: tuple[tuple[str, str], ...], key: str, value: str | None) -> 
 
 def our_flags(p: Profile) -> tuple[str, ...]:
     """Our server learns the same default SLO and classes the harness measures against. The
-    rotation quantum is spelled out so the results file says what ran (the simulator's replay
-    reads it back); later flags (the profile's, then --our-args) override it."""
+    policy is spelled out so the results file says what ran (the simulator's replay reads it
+    back); later flags (the profile's, then --our-args) override it."""
     return ("--scheduler", "rotasched", "--ttft-slo-ms", f"{p.slo.ttft_ms:g}", "--tbt-slo-ms",
             f"{p.slo.tbt_ms:g}", "--slo-classes", p.slo_classes,
-            "--min-stint-ms", f"{SuperInferConfig().min_stint_ms:g}", *p.our_flags)
+            "--policy", SuperInferConfig().policy, *p.our_flags)
 
 
 def resolve_model(a: argparse.Namespace, p: Profile, out: Path) -> tuple[str, str]:

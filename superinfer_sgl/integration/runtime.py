@@ -28,11 +28,12 @@ from ..rotasched import (
     SloClasses,
     SloError,
     VltParams,
-    idle_resume,
-    lvf_decide,
     resolve_slo,
     vlt,
 )
+from ..rotasched import planner
+from ..rotasched.costs import CostMeter
+from ..rotasched.goodput import GoodputParams, StepCosts, quantum_s
 from ..rotasched.timing import ReqClock
 from . import rotation
 from .kv_adapter import UnsupportedKVPool, device_pool_view
@@ -47,10 +48,14 @@ TEST_HOLD_ROTARY_ENV = "SUPERINFER_TEST_HOLD_ROTARY_ITERS"
 # Debug check: hash each request's KV bytes when it rotates out and again once it is re-admitted.
 VERIFY_ENV = "SUPERINFER_VERIFY_ROTATION"
 DEFAULT_HOST_RAM_FRACTION = 0.25
-PAPER_BUDGET_BLOCKS = 2400
+# What one rotation cost our CPU server before any is measured (step.per_resume_s of
+# profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
+CPU_ROTATION_S_PRIOR = 0.058
+MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
 # Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
 PREFETCH_MAX_REQUESTS = 1
-_CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
+_CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
+                                          str(planner.CLIP_MAX_NEW_TOKENS)))
 
 
 @dataclass
@@ -75,11 +80,14 @@ class RotaSchedRuntime:
     def __init__(self, sched: Any, cfg: SuperInferConfig) -> None:
         self.sched, self.cfg = sched, cfg
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
-        self.min_stint_s = cfg.min_stint_ms / 1000.0  # rotation quantum (LVF victims only)
+        on_cpu = str(getattr(getattr(sched, "server_args", None), "device", "cpu")) == "cpu"
+        self.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, CPU_ROTATION_S_PRIOR if on_cpu else 0.0))
+        self._last_step_t: float | None = None
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.bt = cfg.rotary_block_tokens
-        self.budget = self._budget(cfg, getattr(sched, "max_total_num_tokens", 0))
+        self.budget = planner.rotation_budget(cfg.rotation_budget_blocks,
+                                              getattr(sched, "max_total_num_tokens", 0), self.bt)
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
         self.prefetched: dict[str, rotation.Prefetched] = {}  # rotary rids whose KV is coming back early
@@ -109,13 +117,10 @@ class RotaSchedRuntime:
         return RotaSchedMetrics()
 
     # ---- setup -------------------------------------------------------------------------------
-    @staticmethod
-    def _budget(cfg: SuperInferConfig, pool_tokens: int) -> int:
-        # The paper's 2400 blocks (38k tokens) exceed a small pool many times over; then every
-        # iteration could reshuffle all of memory. An eighth of the pool bounds that churn.
-        if cfg.rotation_budget_blocks is not None:
-            return cfg.rotation_budget_blocks
-        return max(1, min(PAPER_BUDGET_BLOCKS, pool_tokens // cfg.rotary_block_tokens // 8))
+    @property
+    def min_stint_s(self) -> float:
+        """The rotation quantum (LVF victims only): the flag, else the policy's default."""
+        return quantum_s(self.cfg.policy, self.cfg.min_stint_ms, self.meter.costs.rotation_s)
 
     def _init_engine(self) -> None:
         tree = self.sched.tree_cache
@@ -183,6 +188,7 @@ class RotaSchedRuntime:
     def around_prefill(self, original: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
         now = time.monotonic()
         self.iteration += 1
+        self._measure_last_step(sched, now)
         live = [r for r in running_batch.reqs if not r.finished()]
         self.observe(live, now)
         if self.engine is None:
@@ -207,22 +213,15 @@ class RotaSchedRuntime:
         self._cancel_prefetches(keep={e.req.rid for e in resumes})
         self._rotate(running_batch, out, resumes, now)
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
-        # LVF's order. Built from the decision alone so every TP rank offers the same queue.
-        order = [*self.resume_locks, *decision.admit]
-        rank = {rid: i for i, rid in enumerate(order)}
-        queue = [r for r in self.sched.waiting_queue if r.rid in rank]
-        queue.sort(key=lambda r: rank[r.rid])
+        # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
+        # every TP rank offers the same queue.
+        by_rid_waiting = {r.rid: r for r in self.sched.waiting_queue}
+        rids = planner.admission_order(list(by_rid_waiting), list(self.resume_locks), decision)
+        order = [by_rid_waiting[rid] for rid in rids if rid in by_rid_waiting]
         if self.cfg.prefetch:
-            self._prefetch(views, running_batch, queue, now)
-        # Then everyone else in arrival order: LVF counts in whole blocks (need rounded up, free
-        # rounded down), so a request that fits in tokens could otherwise never be offered. The
-        # PrefillAdder only admits them into memory that is really free, which needs no VLT.
-        # When LVF stopped at an urgent request that does not fit, only that one: the others
-        # must not take the memory it waits for.
-        rest = [r for r in self.sched.waiting_queue if r.rid not in rank]
-        if decision.blocked is not None:
-            rest = [r for r in rest if r.rid == decision.blocked]
-        return queue + rest
+            first = set(self.resume_locks) | set(decision.admit)
+            self._prefetch(views, running_batch, [r for r in order if r.rid in first], now)
+        return order
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
         budget = self.budget  # eager copies share the outbound budget
@@ -236,10 +235,25 @@ class RotaSchedRuntime:
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
-        decision = lvf_decide(views, self._free_blocks(running_batch), self.budget, now, self.params)
-        if self.sched.chunked_req is not None:  # a chunked prefill is still making progress
-            return decision
-        return idle_resume(decision, views, now, self.params)
+        goodput = None
+        if self.cfg.policy == "goodput":
+            goodput = GoodputParams(self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0)
+        return planner.plan_step(views, self._free_blocks(running_batch), self.budget, now, self.params,
+                                 goodput, self.sched.chunked_req is not None)
+
+    def _measure_last_step(self, sched: Any, now: float) -> None:
+        """Time from the previous iteration's start to this one's is the previous batch's step (an
+        idle turn in between shows as a long one, which the bound below drops)."""
+        last, start = getattr(sched, "last_batch", None), self._last_step_t
+        self._last_step_t = now
+        if last is None or start is None or now - start > MAX_MEASURED_STEP_S:
+            return
+        mode = last.forward_mode
+        if mode.is_decode():
+            self.meter.observe_decode(now - start)
+        elif mode.is_extend():
+            tokens = sum(int(getattr(r, "extend_input_len", 0) or 0) for r in last.reqs)
+            self.meter.observe_prefill(tokens, now - start)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:
@@ -300,27 +314,36 @@ class RotaSchedRuntime:
         for req in live:
             clk = self.clocks[req.rid]
             rotatable = clk.run_start is not None and clk.run_start <= young and self._rotatable(req, running_batch)
-            views.append(self._view(clk, ReqState.RUNNING, 0,
+            views.append(self._view(clk, req, ReqState.RUNNING, 0,
                                     self._blocks(req.seqlen + self._reserve(req)), rotatable))
             by_rid[req.rid] = req
         for req in self.sched.waiting_queue:
             clk = self.clocks[req.rid]
             resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
-            need = len(req.origin_input_ids) + len(req.output_ids) - resident + self._reserve(req)
-            views.append(self._view(clk, ReqState.WAITING, self._blocks(need), 0, True))
+            compute = len(req.origin_input_ids) + len(req.output_ids) - resident
+            views.append(self._view(clk, req, ReqState.WAITING, self._blocks(compute + self._reserve(req)), 0,
+                                    True, compute))
         for rid, entry in self.rotary.items():
             need = entry.host_kv.num_tokens + 1 + self._reserve(entry.req)
-            views.append(self._view(self.clocks[rid], ReqState.ROTARY, self._blocks(need), 0, True))
+            views.append(self._view(self.clocks[rid], entry.req, ReqState.ROTARY, self._blocks(need), 0, True))
         return views, by_rid
 
-    @staticmethod
-    def _view(clk: ReqClock, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
+    def _view(self, clk: ReqClock, req: Any, state: ReqState, need: int, held: int, rotatable: bool,
+              prefill_tokens: int = 0) -> ReqView:
+        misses_left, ttft_met, weight = self._goodput_facts(clk, req)
         return ReqView(
             rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,
             run_start=clk.run_start if state == ReqState.RUNNING else None,
             ttft_slo=clk.slo.ttft_s, tbt_slo=clk.slo.tbt_s,
             blocks_needed=need, blocks_held=held, rotatable=rotatable,
+            prefill_tokens=max(0, prefill_tokens), misses_left=misses_left, ttft_met=ttft_met,
+            weight=weight,
         )
+
+    def _goodput_facts(self, clk: ReqClock, req: Any) -> tuple[int, bool | None, float]:
+        """(misses_left, ttft_met, weight) of a request, as goodput mode reads them."""
+        left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
+        return clk.misses_left(left), clk.ttft_met, clk.slo.weight
 
     def _rotatable(self, req: Any, running_batch: Any) -> bool:
         sched = self.sched
@@ -366,7 +389,11 @@ class RotaSchedRuntime:
             for req in outs:
                 n = rotation.restorable_tokens(req)
                 self.digests[req.rid] = (n, rotation.device_kv_digest(self.sched, req, n))
+        t0 = time.monotonic()
         step = rotation.rotate_step(self.sched, self.engine, outs, [self._incoming(e) for e in resumes], now)
+        moved = len(step.rotated) + len(step.resumed)
+        if moved:
+            self.meter.observe_rotation((time.monotonic() - t0) / moved)
         self.stats.duplex_steps += bool(step.rotated and step.resumed)
         self._record(step, now)
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from superinfer_sgl.rotasched import goodput as gp_rules
+from superinfer_sgl.rotasched.goodput import BEST_EFFORT, PROMOTED, VIABLE, GoodputParams
 from superinfer_sgl.rotasched.state import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
-# Scan order as sortable rows: (-VLT, arrival, rid, view); rids are unique, so views are
-# never compared.
-_Ranked = list[tuple[float, float, str, ReqView]]
+# Scan order as sortable rows: (tier, -weighted VLT, arrival, rid, view); rids are unique, so
+# views are never compared. The paper's rule puts everyone in one tier with weight 1.
+_Ranked = list[tuple[int, float, float, str, ReqView]]
 
 # Enum member lookups through the class cost ~0.1 us each; these run per view per iteration.
 _WAITING, _RUNNING, _ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
@@ -47,19 +49,24 @@ def lvf_decide(
     budget_blocks: int,
     now: float,
     params: VltParams,
+    goodput: GoodputParams | None = None,
 ) -> Decision:
     """Decide admissions, resumes and rotate-outs for one scheduler iteration.
 
+    `goodput`: None is the paper's rule (one tier, LVF by VLT); otherwise goodput mode
+    (rotasched.goodput: viable requests before best-effort ones, TBT- and cost-aware victims).
+
     Guarantees: admitted+resumed blocks <= free_blocks + rotated-out blocks; resumed
     blocks <= budget_blocks and rotated-out blocks <= budget_blocks (each direction);
-    nobody with VLT < 0 moves in; nobody is rotated out unless a VLT > 0 request moves in.
+    nobody with VLT < 0 moves in; nobody is rotated out unless an urgent request (VLT > 0 and
+    not best-effort) moves in.
     """
     assert free_blocks >= 0 and budget_blocks >= 0, (free_blocks, budget_blocks)
     assert len({v.rid for v in views}) == len(views), "duplicate rid in views"
     pending = [v for v in views if v.state is not _RUNNING]
     if sum([v.blocks_needed for v in pending]) <= free_blocks:  # a list sums faster than a genexpr
         return _fcfs(pending, budget_blocks)
-    return _contended(views, pending, free_blocks, budget_blocks, now, params)
+    return _contended(views, pending, free_blocks, budget_blocks, now, params, goodput)
 
 
 def idle_resume(decision: Decision, views: Sequence[ReqView], now: float, params: VltParams) -> Decision:
@@ -99,18 +106,20 @@ def _contended(
     budget: int,
     now: float,
     params: VltParams,
+    goodput: GoodputParams | None,
 ) -> Decision:
     """Steps 2-5: head scan by VLT, rotate out from the tail, shrink if the tail falls short."""
-    pending, victims = _rank(views, waiting_rotary, now, params)
+    pending, victims = _rank(views, waiting_rotary, now, params, goodput)
     # Memory an urgent request could ever get: what is free plus what running requests hold.
     wall = free + sum([v.blocks_held for v in views if v.state is _RUNNING])
-    chosen, used, blocked = _head_scan(pending, free + budget, free, budget, wall)
+    scan = _HeadScan(pending, free, budget, wall, now, goodput)
+    chosen, used, blocked = scan.run(free + budget)
     out = _tail_scan(victims, used - free, budget)
     freed = sum(v.blocks_held for v in out)
     if used > free + freed:
         # The tail could not free enough: rescan against what it did free. The rescan
         # keeps every prefix of the first choice that fits, and may fit smaller ones too.
-        chosen, used, blocked = _head_scan(pending, free + freed, free, budget, wall)
+        chosen, used, blocked = scan.run(free + freed)
         out = _shortest_cover(out, used - free)
     return Decision(
         admit=tuple(v.rid for v in chosen if v.state is _WAITING),
@@ -122,64 +131,106 @@ def _contended(
 
 
 def _rank(
-    views: Sequence[ReqView], waiting_rotary: list[ReqView], now: float, params: VltParams
-) -> tuple[_Ranked, _Ranked]:
-    """Step 2: sort by VLT descending, ties oldest arrival first, then rid.
+    views: Sequence[ReqView], waiting_rotary: list[ReqView], now: float, params: VltParams,
+    goodput: GoodputParams | None,
+) -> tuple[_Ranked, list[ReqView]]:
+    """Step 2: sort by VLT descending, ties oldest arrival first, then rid (goodput mode: by
+    tier first, VLT scaled by the class weight).
 
     Returns the head candidates (waiting/rotary: `waiting_rotary`, the non-running views)
-    and the tail candidates (rotatable running with VLT < 0), the latter in tail-first
-    order (longest stint first).
+    and the tail candidates (rotatable running with VLT < 0) in tail-first order: the paper's
+    longest stint first; goodput mode's `goodput.victim_key` order, only if a rotation is
+    affordable at all.
     """
-    pending = [
-        (-lag, v.arrival, v.rid, v)
-        for v, lag in zip(waiting_rotary, vlts(waiting_rotary, now, params))
-    ]
-    movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
-    victims = [
-        (-lag, v.arrival, v.rid, v) for v, lag in zip(movable, vlts(movable, now, params)) if lag < 0
-    ]
+    lags = vlts(waiting_rotary, now, params)
+    if goodput is None:
+        pending = [(VIABLE, -lag, v.arrival, v.rid, v) for v, lag in zip(waiting_rotary, lags)]
+    else:
+        pending = [(gp_rules.tier(v, now, goodput), -v.weight * lag, v.arrival, v.rid, v)
+                   for v, lag in zip(waiting_rotary, lags)]
     pending.sort()
-    victims.sort(reverse=True)
-    return pending, victims
+    movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
+    stints = vlts(movable, now, params)  # -stint length for running requests
+    if goodput is None:
+        rows = sorted(((-lag, v.arrival, v.rid, v) for v, lag in zip(movable, stints) if lag < 0),
+                      reverse=True)
+        return pending, [row[3] for row in rows]
+    running = [v for v in views if v.state is _RUNNING]
+    if not gp_rules.rotation_affordable(running, goodput.costs):
+        return pending, []
+    keyed = []
+    for v, lag in zip(movable, stints):
+        key = gp_rules.victim_key(v, -lag) if lag < 0 else None
+        if key is not None:
+            keyed.append((key, v.arrival, v.rid, v))
+    keyed.sort()
+    return pending, [row[3] for row in keyed]
 
 
-def _head_scan(pending: _Ranked, cap: int, free: int, budget: int,
-               wall: int) -> tuple[list[ReqView], int, str | None]:
-    """Step 3: take each request that fits; returns (chosen, blocks used, blocked rid).
+class _HeadScan:
+    """Step 3: take each request that fits, in rank order.
 
-    VLT > 0 may use up to `cap` (free memory plus what rotation can free); VLT == 0 is
-    within its slack and may not displace anyone, so it only gets memory still free, and is
-    skipped when it does not fit. An urgent request (VLT > 0) that does not fit stops the scan
-    (head-of-line), unless it could never fit (more than `wall`, all memory requests can hold):
-    skipping it would let every smaller request behind it take the memory it waits for, and
-    when rotation cannot make room (young victims, the budget) it would starve. Resumes also
-    spend the inbound rotation budget; one over it is skipped, not waited for.
+    Urgent requests (VLT > 0, not best-effort; or promoted past the starvation bound) may use up
+    to `cap` (free memory plus what rotation can free); the others are within their slack or
+    best-effort and may not displace anyone, so they only get memory still free, and are skipped
+    when they do not fit. An urgent request that does not fit stops the scan (head-of-line),
+    unless it could never fit (more than `wall`, all memory requests can hold): skipping it would
+    let every smaller request behind it take the memory it waits for, and when rotation cannot
+    make room (young victims, the budget) it would starve. Resumes also spend the inbound
+    rotation budget; one over it is skipped, not waited for.
+
+    Goodput mode also queues prefills: a viable waiting request that cannot get its first token
+    in time behind the prefills already chosen is deferred to the end as best-effort.
     """
-    chosen: list[ReqView] = []
-    add = chosen.append
-    used = inbound = 0
-    left = cap  # cap - used, kept up to date: the common (VLT > 0) case reads it directly
-    for neg_lag, _, _, view in pending:
-        need = view.blocks_needed
-        if need > (left if neg_lag < 0 else max(0, free - used)):
-            if neg_lag < 0 and need <= wall and not (view.state is _ROTARY and need > budget):
-                return chosen, used, view.rid
-            continue
-        if view.state is _ROTARY:
-            if inbound + need > budget:
+
+    def __init__(self, pending: _Ranked, free: int, budget: int, wall: int, now: float,
+                 goodput: GoodputParams | None) -> None:
+        self.pending, self.free, self.budget, self.wall = pending, free, budget, wall
+        self.now, self.goodput = now, goodput
+
+    def run(self, cap: int) -> tuple[list[ReqView], int, str | None]:
+        """Returns (chosen, blocks used, blocked rid)."""
+        chosen: list[ReqView] = []
+        free, budget, wall, goodput = self.free, self.budget, self.wall, self.goodput
+        used = inbound = 0
+        ahead_s = 0.0
+        deferred: _Ranked = []
+        rows = self.pending
+        i = 0
+        while i < len(rows) or deferred:
+            if i < len(rows):
+                row = rows[i]
+                i += 1
+            else:  # deferred requests go last, as best-effort
+                rows, i, deferred = deferred, 0, []
                 continue
-            inbound += need
-        add(view)
-        used += need
-        left -= need
-    return chosen, used, None
+            tier, neg_key, _, _, view = row
+            urgent = tier == PROMOTED or (tier == VIABLE and neg_key < 0)
+            if goodput is not None and tier == VIABLE and view.last_token is None:
+                if not gp_rules.ttft_reachable(view, self.now, ahead_s, goodput.costs):
+                    deferred.append((BEST_EFFORT, *row[1:]))
+                    continue
+            need = view.blocks_needed
+            if need > (cap - used if urgent else max(0, free - used)):
+                if urgent and need <= wall and not (view.state is _ROTARY and need > budget):
+                    return chosen, used, view.rid
+                continue
+            if view.state is _ROTARY:
+                if inbound + need > budget:
+                    continue
+                inbound += need
+            elif goodput is not None:
+                ahead_s += goodput.costs.prefill_s_per_token * view.prefill_tokens
+            chosen.append(view)
+            used += need
+        return chosen, used, None
 
 
-def _tail_scan(victims: _Ranked, b_swap: int, budget: int) -> list[ReqView]:
-    """Step 4: rotate out longest stints first until B_swap is covered, within the budget."""
+def _tail_scan(victims: list[ReqView], b_swap: int, budget: int) -> list[ReqView]:
+    """Step 4: rotate out from the tail (`_rank`'s order) until B_swap is covered, within the budget."""
     out: list[ReqView] = []
     moved = 0
-    for _, _, _, view in victims:
+    for view in victims:
         if moved >= b_swap:
             break
         if moved + view.blocks_held > budget:

@@ -33,6 +33,15 @@ class SloError(ValueError):
         self.field = field
 
 
+def _positive(field: str, value: object) -> float:
+    """A finite number > 0 (a weight), or SloError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SloError(field, f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise SloError(field, f"must be finite and > 0, got {value}")
+    return float(value)
+
+
 def _positive_ms(field: str, value: object) -> float:
     """A finite, strictly positive number of milliseconds, or SloError naming `field`."""
     if isinstance(value, bool):  # bool is an int subclass: True would read as 1 ms
@@ -55,14 +64,17 @@ def _positive_ms(field: str, value: object) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Slo:
-    """Latency targets of one request: time to first token and time between tokens."""
+    """Latency targets of one request: time to first token and time between tokens; `weight`:
+    its class's weight in the goodput policy (who wins when not every request can be on time)."""
 
     ttft_ms: float
     tbt_ms: float
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttft_ms", _positive_ms("ttft_ms", self.ttft_ms))
         object.__setattr__(self, "tbt_ms", _positive_ms("tbt_ms", self.tbt_ms))
+        object.__setattr__(self, "weight", _positive("weight", self.weight))
 
     @property
     def ttft_s(self) -> float:
@@ -96,9 +108,10 @@ class SloClasses(Mapping[str, Slo]):
 
     @classmethod
     def parse(cls, text_or_path: str, default: Slo = DEFAULT_SLO) -> SloClasses:
-        """Read a JSON object (inline, or a path to a file) of name -> {ttft_ms, tbt_ms}.
+        """Read a JSON object (inline, or a path to a file) of name -> {ttft_ms, tbt_ms, weight}.
 
-        A class may omit one of the two keys; it then falls back to `default`.
+        A class may omit one of the two SLO keys; it then falls back to `default`. `weight`
+        (optional, default 1) scales the class's urgency in the goodput policy.
         """
         raw = _load_json(text_or_path)
         if not isinstance(raw, dict):
@@ -125,14 +138,14 @@ def _parse_class(name: str, body: object, default: Slo) -> Slo:
         raise SloError("slo_classes", "class name must be non-empty")
     if not isinstance(body, dict):
         raise SloError(name, "expected an object with ttft_ms and/or tbt_ms")
-    unknown = sorted(set(body) - {"ttft_ms", "tbt_ms"})
+    unknown = sorted(set(body) - {"ttft_ms", "tbt_ms", "weight"})
     if unknown:
-        raise SloError(f"{name}.{unknown[0]}", "unknown key; expected ttft_ms or tbt_ms")
-    if not body:
+        raise SloError(f"{name}.{unknown[0]}", "unknown key; expected ttft_ms, tbt_ms or weight")
+    if not body.keys() & {"ttft_ms", "tbt_ms"}:
         raise SloError(name, "set ttft_ms, tbt_ms or both")
     ttft = _positive_ms(f"{name}.ttft_ms", body.get("ttft_ms", default.ttft_ms))
     tbt = _positive_ms(f"{name}.tbt_ms", body.get("tbt_ms", default.tbt_ms))
-    return Slo(ttft, tbt)
+    return Slo(ttft, tbt, _positive(f"{name}.weight", body.get("weight", 1.0)))
 
 
 def resolve_slo(
@@ -158,4 +171,5 @@ def resolve_slo(
     return Slo(
         base.ttft_ms if ttft is None else _positive_ms(TTFT_KEY, ttft),
         base.tbt_ms if tbt is None else _positive_ms(TBT_KEY, tbt),
+        base.weight,
     )

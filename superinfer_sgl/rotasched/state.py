@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass, fields
 
 
+NO_LIMIT = 1 << 30  # misses_left when the TBT budget is unknown
+
+
 class ReqState(enum.IntEnum):
     """RotaSched lifecycle: waiting (no KV), running (KV on device), rotary (KV on host)."""
 
@@ -38,6 +41,13 @@ class ReqView:
     blocks_needed: int  # device blocks to admit/resume it now; 0 when RUNNING
     blocks_held: int  # device blocks rotating it out would free and move; 0 unless RUNNING
     rotatable: bool = True  # False e.g. mid chunked prefill; only matters when RUNNING
+    # What the goodput policy reads (the paper's rule ignores them):
+    prefill_tokens: int = 0  # tokens its admission must compute (WAITING); 0 otherwise
+    # Inter-token gaps it may still miss and meet its TBT SLO (share of gaps met); negative: TBT
+    # already lost. NO_LIMIT when the server cannot tell.
+    misses_left: int = NO_LIMIT
+    ttft_met: bool | None = None  # None until its first token
+    weight: float = 1.0  # its SLO class's weight: who wins when not everyone can
 
     def __init__(
         self,
@@ -51,6 +61,10 @@ class ReqView:
         blocks_needed: int,
         blocks_held: int,
         rotatable: bool = True,
+        prefill_tokens: int = 0,
+        misses_left: int = NO_LIMIT,
+        ttft_met: bool | None = None,
+        weight: float = 1.0,
     ) -> None:
         # Slot descriptors' setters (bound below the class): frozen stays frozen for others.
         _set_rid(self, rid)
@@ -63,6 +77,10 @@ class ReqView:
         _set_blocks_needed(self, blocks_needed)
         _set_blocks_held(self, blocks_held)
         _set_rotatable(self, rotatable)
+        _set_prefill_tokens(self, prefill_tokens)
+        _set_misses_left(self, misses_left)
+        _set_ttft_met(self, ttft_met)
+        _set_weight(self, weight)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -76,6 +94,8 @@ class ReqView:
         assert self.ttft_slo > 0 and math.isfinite(self.ttft_slo), f"{self.rid}: ttft_slo > 0"
         assert self.tbt_slo > 0 and math.isfinite(self.tbt_slo), f"{self.rid}: tbt_slo > 0"
         assert self.blocks_needed >= 0 and self.blocks_held >= 0, f"{self.rid}: negative blocks"
+        assert self.prefill_tokens >= 0, f"{self.rid}: negative prefill_tokens"
+        assert self.weight > 0 and math.isfinite(self.weight), f"{self.rid}: weight > 0"
         assert not running or self.blocks_needed == 0, f"{self.rid}: RUNNING needs no blocks"
         assert running or self.blocks_held == 0, f"{self.rid}: only RUNNING holds blocks"
         # A rotary request was running past prefill, so its first token exists: the
@@ -91,5 +111,7 @@ _set_rid, _set_state, _set_arrival = _setters["rid"], _setters["state"], _setter
 _set_last_token, _set_run_start = _setters["last_token"], _setters["run_start"]
 _set_ttft_slo, _set_tbt_slo = _setters["ttft_slo"], _setters["tbt_slo"]
 _set_blocks_needed, _set_blocks_held = _setters["blocks_needed"], _setters["blocks_held"]
-_set_rotatable = _setters["rotatable"]
-assert len(_setters) == 10, "a new ReqView field must be set in ReqView.__init__"
+_set_rotatable, _set_prefill_tokens = _setters["rotatable"], _setters["prefill_tokens"]
+_set_misses_left, _set_ttft_met, _set_weight = (_setters["misses_left"], _setters["ttft_met"],
+                                                _setters["weight"])
+assert len(_setters) == 14, "a new ReqView field must be set in ReqView.__init__"

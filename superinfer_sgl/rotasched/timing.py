@@ -6,6 +6,7 @@ changes); it never looks at SGLang objects itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .slo import Slo
@@ -53,6 +54,13 @@ class ReqClock:
         self.gaps += new - 1  # tokens that arrived together: zero-length gaps
         self.last_token = now
         self.outputs_seen = n_out
+
+    def misses_left(self, outputs_left: int) -> int:
+        """Gaps this request may still miss and meet its TBT SLO, if it produces `outputs_left`
+        more tokens (an upper bound when EOS can stop it early: then this over-counts).
+        Negative: its TBT is already lost."""
+        total_gaps = max(0, self.outputs_seen + outputs_left - 1)
+        return math.floor(total_gaps * (1.0 - TBT_MET_SHARE) + 1e-9) - self.gaps_missed
 
     def set_state(self, state: ReqState, now: float) -> None:
         if state == _RUNNING:

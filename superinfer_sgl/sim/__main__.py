@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from superinfer_sgl.sim import validate as validate_defaults
+from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
 from superinfer_sgl.sim.runner import Job, run_jobs
 
@@ -62,9 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
     run.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
     run.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
-    run.add_argument("--min-stint-s", type=float, default=0.0,
-                     help="LVF may not rotate out a request running for less than this (0: the paper's "
-                          "rule; our server's --min-stint-ms defaults to 5000)")
+    run.add_argument("--min-stint-s", type=float, default=None,
+                     help="LVF may not rotate out a request running for less than this (default: 0, the "
+                          "paper's rule, for the lvf-* policies; the server's default for goodput and paper)")
+    run.add_argument("--max-best-effort-wait-s", type=float, default=SimConfig.max_best_effort_wait_s,
+                     help="goodput policy: starvation bound (the server's --max-best-effort-wait-ms)")
     run.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
     run.add_argument("--jobs", type=int, default=1, help="worker processes")
     run.add_argument("--json", type=Path, help="write all summaries here")
@@ -88,7 +91,7 @@ def _run(a: argparse.Namespace) -> None:
                 None if a.ttft_slo_ms is None else a.ttft_slo_ms / 1000.0,
                 None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
                 a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
-                a.min_stint_s, tuple(a.vlt))
+                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s)
             for pol in (a.policy or list(POLICIES))]
     results = run_jobs(jobs, a.jobs, progress=False)
     print(f"workload: {results[0]['workload']}; profile: {results[0]['profile']}")

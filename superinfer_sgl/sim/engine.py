@@ -41,12 +41,15 @@ class SimConfig:
     lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
     mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
     # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
-    # it has run this long in its current stint. 0: the paper's rule.
-    min_stint_s: float = SuperInferConfig().min_stint_ms / 1000.0
+    # it has run this long in its current stint. 0: the paper's rule; None: the policy's default
+    # (rotasched.goodput.quantum_s), as the server's.
+    min_stint_s: float | None = None
     # The machine's speed over the run: (from time s, factor) pairs sorted by time, multiplying
     # every step's compute from then on (a replay of a measured run: sim/steplog.speed_trace).
     # Empty: the profile's speed throughout.
     speed_trace: tuple[tuple[float, float], ...] = ()
+    # Goodput mode's starvation bound (the server's --max-best-effort-wait-ms).
+    max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
@@ -285,6 +288,7 @@ class Simulator:
         if self.chunked is not None:
             ext = self.chunked.extend if chunk is None else min(self.chunked.extend, chunk)
             batch.append((self.chunked, ext))
+            room -= ext  # SGLang's add_chunked_req takes the chunk's tokens from the same budget
             chunk = None if chunk is None else chunk - ext
             budget -= ext
         for r in offered:

@@ -84,6 +84,7 @@ def summarize(sim: Simulator) -> dict[str, object]:
         "ttft_p50_s": _pct(ttfts, 50),
         "ttft_p90_s": _pct(ttfts, 90),
         "ttft_p99_s": _pct(ttfts, 99),
+        "ttft_max_s": float(ttfts.max()) if ttfts.size else None,
         "tbt_p50_s": _pct(gaps, 50),
         "tbt_p99_s": _pct(gaps, 99),
         "tbt_max_s": float(gaps.max()) if gaps.size else None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from superinfer_sgl.launch_checks import flag_value
+from superinfer_sgl.rotasched.planner import rotation_budget
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim import steplog
 from superinfer_sgl.sim.profile import Profile, resolve_profile
@@ -29,7 +30,6 @@ from superinfer_sgl.sim.workload import RequestSpec, Workload
 # rotation engine's one call per step for both directions, with eager sync (its defaults).
 SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "lvf-duplex"}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
-PAPER_BUDGET_BLOCKS = 2400  # integration/runtime.py's cap on the default rotation budget
 
 # What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
 MODEL_GAPS = (
@@ -179,7 +179,7 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     Rotation quantum: --min-stint-ms (absent: 0, the servers before the option).
     Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
     --no-mixed-resume (launch_server.prepare). Rotation budget: --rotation-budget-blocks, else the
-    runtime's default (RotaSchedRuntime._budget: an eighth of the pool in rotation blocks, at
+    runtime's default (rotasched.planner.rotation_budget: an eighth of the pool in rotation blocks, at
     most the paper's 2400, at least 1). Without the A/B's command lines: SimConfig's defaults.
     """
     cmd = [str(a) for a in (cfg.get("server_commands") or {}).get(system, [])]
@@ -190,12 +190,21 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
         ours and flag_value(cmd, "--scheduler") != "sglang" and "--no-mixed-resume" not in cmd)
     bt = int(flag_value(cmd, "--rotary-block-tokens") or 16)
     budget = flag_value(cmd, "--rotation-budget-blocks")
-    blocks = int(budget) if budget is not None else max(1, min(PAPER_BUDGET_BLOCKS, kv_tokens // bt // 8))
-    # The harness spells out --min-stint-ms since the option exists; an A/B without it ran a
-    # server that had no rotation quantum.
+    blocks = rotation_budget(int(budget) if budget is not None else None, kv_tokens, bt)
+    # The harness spelled out --min-stint-ms while the paper policy was the only one; since
+    # --policy exists it spells that out and leaves the quantum to its policy's default. An A/B
+    # with neither ran a server that had no rotation quantum.
     stint = flag_value(cmd, "--min-stint-ms")
-    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed,
-                     min_stint_s=float(stint) / 1000.0 if stint is not None else 0.0)
+    quantum = float(stint) / 1000.0 if stint is not None else (
+        None if flag_value(cmd, "--policy") is not None else 0.0)
+    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum)
+
+
+def served_policy(cfg: dict, system: str) -> str:
+    """The simulator policy of our server as launched: `goodput` or `paper` from --policy (the
+    paper's rule, `lvf-duplex`, for A/Bs from before the option)."""
+    cmd = [str(a) for a in (cfg.get("server_commands") or {}).get(system, [])]
+    return flag_value(cmd, "--policy") or "lvf-duplex"
 
 
 DEFAULT_PROFILE = "cpu-smollm2-135m"  # what --validate uses unless told otherwise
@@ -289,6 +298,8 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         policy = mapping.get(pt.system, mapping.get(pt.system.split("#")[0]))
         if policy is None:
             continue
+        if policy == "lvf-duplex" and pt.system not in (policy_map or {}):
+            policy = served_policy(cfg, pt.system)
         point = next((p for p in results[pt.system] if p["rate"] == pt.rate), {})
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else

@@ -189,12 +189,12 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch", "--no-prefetch",
-        "--mixed-resume", "--no-mixed-resume",
+        "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms",
     }
 
 
 def test_min_stint_must_be_finite_and_not_negative() -> None:
-    assert SuperInferConfig().min_stint_ms == 5000.0
+    assert SuperInferConfig().min_stint_ms is None  # auto: the policy's default (goodput.quantum_s)
     assert from_namespace(_parser().parse_args(["--min-stint-ms", "0"])).min_stint_ms == 0.0
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(ConfigError, match="min-stint-ms"):
@@ -205,3 +205,16 @@ def test_from_namespace_validates() -> None:
     ns = _parser().parse_args(["--rotary-block-tokens", "0"])
     with pytest.raises(ConfigError, match="^--rotary-block-tokens must be >= 1$"):
         from_namespace(ns)
+
+
+def test_policy_and_best_effort_bound() -> None:
+    assert SuperInferConfig().policy == "goodput"
+    cfg = from_namespace(_parser().parse_args(["--policy", "paper", "--max-best-effort-wait-ms", "2500"]))
+    assert cfg.policy == "paper" and cfg.max_best_effort_wait_ms == 2500.0
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--policy", "fcfs"])
+    with pytest.raises(ConfigError, match="--policy"):
+        SuperInferConfig(policy="fcfs")
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="max-best-effort-wait-ms"):
+            SuperInferConfig(max_best_effort_wait_ms=bad)

@@ -10,6 +10,7 @@ import pytest
 
 from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, vlt
 from superinfer_sgl.rotasched.vlt import vlts
+from superinfer_sgl.rotasched.state import NO_LIMIT
 
 
 def _running(**kw: object) -> ReqView:
@@ -33,6 +34,10 @@ def test_init_signature_is_the_dataclass_one() -> None:
         blocks_needed: int
         blocks_held: int
         rotatable: bool = True
+        prefill_tokens: int = 0
+        misses_left: int = NO_LIMIT
+        ttft_met: bool | None = None
+        weight: float = 1.0
 
     ours = inspect.signature(ReqView.__init__).parameters
     theirs = inspect.signature(Generated.__init__).parameters

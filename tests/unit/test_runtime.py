@@ -12,6 +12,9 @@ from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
 from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
 from superinfer_sgl.rotasched import DEFAULT_CLASSES, Slo, SloClasses, VltParams
+from superinfer_sgl.rotasched.costs import CostMeter
+from superinfer_sgl.rotasched.goodput import StepCosts
+from superinfer_sgl.rotasched.planner import rotation_budget
 
 
 @dataclass
@@ -64,7 +67,8 @@ class FakeTree:
 def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt = object.__new__(RotaSchedRuntime)
     cfg = SuperInferConfig()
-    rt.cfg, rt.params, rt.min_stint_s = cfg, VltParams(), cfg.min_stint_ms / 1000.0
+    rt.cfg, rt.params = cfg, VltParams()
+    rt.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
     rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
     rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
     rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400
@@ -124,6 +128,6 @@ def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
 
 def test_default_budget_is_the_papers_capped_by_the_pool() -> None:
     cfg = SuperInferConfig()
-    assert RotaSchedRuntime._budget(cfg, 10_000_000) == 2400
-    assert RotaSchedRuntime._budget(cfg, 2048) == 16  # 128 blocks of 16 tokens / 8
-    assert RotaSchedRuntime._budget(SuperInferConfig(rotation_budget_blocks=7), 2048) == 7
+    assert rotation_budget(cfg.rotation_budget_blocks, 10_000_000, 16) == 2400
+    assert rotation_budget(cfg.rotation_budget_blocks, 2048, 16) == 16  # 128 blocks of 16 tokens / 8
+    assert rotation_budget(SuperInferConfig(rotation_budget_blocks=7).rotation_budget_blocks, 2048, 16) == 7

@@ -20,6 +20,9 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "lvf-duplex": lambda: RotaSched("duplex"),
     "lvf-naive-direct": lambda: RotaSched("naive", direct_resume=True),
     "lvf-duplex-direct": lambda: RotaSched("duplex", direct_resume=True),
+    # Our server as shipped (--policy goodput / paper): DuplexKV, its default quantum.
+    "goodput": lambda: RotaSched("duplex", mode="goodput", name="goodput"),
+    "paper": lambda: RotaSched("duplex", mode="paper", name="paper"),
     "oracle": Oracle,
 }
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from superinfer_sgl.rotasched import Decision, ReqState, ReqView, idle_resume, lvf_decide
-from superinfer_sgl.sim.policies.base import CLIP_MAX_NEW_TOKENS, Plan, Policy
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
+from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, admission_order, plan_step
+from superinfer_sgl.sim.policies.base import Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
 if TYPE_CHECKING:
@@ -27,11 +29,14 @@ class RotaSched(Policy):
     (as vLLM's swap-in does, and the paper's implementation on vLLM) instead of being re-admitted
     through a prefill iteration with a one-token extend (our runtime's radix-tree path)."""
 
-    def __init__(self, transfer: str, direct_resume: bool = False) -> None:
+    def __init__(self, transfer: str, direct_resume: bool = False, mode: str = "paper",
+                 name: str | None = None) -> None:
         assert transfer in ("naive", "batched", "duplex"), transfer
+        assert mode in ("paper", "goodput"), mode
         self.transfer = transfer
         self.resume_to_running = direct_resume
-        self.name = f"lvf-{transfer}" + ("-direct" if direct_resume else "")
+        self.mode = mode
+        self.name = name or f"lvf-{transfer}" + ("-direct" if direct_resume else "")
         self.last_decision: Decision | None = None
         self._short: bool | None = None
         self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
@@ -40,29 +45,32 @@ class RotaSched(Policy):
         cfg, now = sim.config, sim.now
         views = self._views(sim)
         free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
-        d = lvf_decide(views, free, cfg.budget_blocks, now, cfg.vlt)
-        if sim.chunked is None:  # runtime._decide
-            d = idle_resume(d, views, now, cfg.vlt)
+        gp = self._goodput(sim) if self.mode == "goodput" else None
+        d = plan_step(views, free, cfg.budget_blocks, now, cfg.vlt, gp, sim.chunked is not None)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
             by_rid = self._by_rid = {r.spec.rid: r for r in sim.reqs}
         out = [by_rid[rid] for rid in d.rotate_out]
         resume = [sim.rotary[rid] for rid in d.resume]
-        # Offered to the PrefillAdder as runtime._step builds the queue: restored requests (earlier
-        # resumes still waiting, then this step's), then LVF's admissions in LVF's order (a rid in
-        # both keeps its later place), then every other waiting request in queue order (only
-        # the blocked one when LVF stopped at an urgent request that did not fit).
-        rids = [r.spec.rid for r in sim.waiting if r.restored] + list(d.resume) + list(d.admit)
-        rank = {rid: i for i, rid in enumerate(rids)}
-        ranked = [r for r in sim.waiting if r.spec.rid in rank] + resume
-        ranked.sort(key=lambda r: rank[r.spec.rid])
-        rest = [r for r in sim.waiting if r.spec.rid not in rank]
-        if d.blocked is not None:  # LVF stopped at an urgent request: only it may follow
-            rest = [r for r in rest if r.spec.rid == d.blocked]
-        order = ranked + rest
+        restored = [r.spec.rid for r in sim.waiting if r.restored] + list(d.resume)
+        order = admission_order([r.spec.rid for r in sim.waiting], restored, d)
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
-        return Plan(admit=order, rotate_out=out, resume=resume, sched_s=sched)
+        return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched)
+
+    def _quantum(self, sim: Simulator) -> float:
+        """The rotation quantum: the configured one, else the server's default for this mode."""
+        stint = sim.config.min_stint_s
+        return quantum_s(self.mode, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
+
+    def _goodput(self, sim: Simulator) -> GoodputParams:
+        """The step costs the server would have measured: the profile's, for the current batch."""
+        step = sim.profile.step
+        decode = step.seconds(decode_reqs=max(1, len(sim.running)),
+                              decode_context=sum([r.kv for r in sim.running]))
+        costs = StepCosts(step.per_prefill_token_s, step.base_s + step.prefill_base_s, decode,
+                          step.per_resume_s)
+        return GoodputParams(costs, sim.config.max_best_effort_wait_s)
 
     # ---- views (runtime._views) --------------------------------------------------------------
     def _running_reserve(self, sim: Simulator) -> float:
@@ -80,11 +88,18 @@ class RotaSched(Policy):
         iteration only grow, its prefill iteration and stint start are fixed)."""
         bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
         exact = ratio == 1.0 and self._short_outputs(sim)
-        young = sim.now - sim.config.min_stint_s  # what-if quantum; 0 s: the runtime's rule
+        young = sim.now - self._quantum(sim)
         views: list[ReqView] = []
         add = views.append
+        # Goodput mode reads a running request's gap budget, which moves with every step.
+        fresh = self.mode == "goodput"
         for r in sim.running:
             v = r.view
+            if fresh:
+                rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
+                held = -(-(r.ctx + _reserve(r, ratio)) // bt)
+                add(_make_view(r, _RUNNING, 0, held, rotatable))
+                continue
             if exact and v is not None and v.rotatable:  # type: ignore[attr-defined]
                 add(v)  # type: ignore[arg-type]
                 continue
@@ -141,7 +156,9 @@ def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool
     last_token only for non-running requests."""
     c = r.clock
     # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,
-    # tbt_slo, blocks_needed, blocks_held, rotatable): keywords cost ~0.4 us per view.
+    # tbt_slo, blocks_needed, blocks_held, rotatable, prefill_tokens, misses_left, ttft_met):
+    # keywords cost ~0.4 us per view.
     return ReqView(r.spec.rid, state, c.arrival, c.last_token,
                    c.run_start if state is _RUNNING else None,
-                   r.slo_s[0], r.slo_s[1], need, held, rotatable)
+                   r.slo_s[0], r.slo_s[1], need, held, rotatable,
+                   r.extend if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met)

@@ -1,0 +1,117 @@
+"""Goodput mode of LVF: serve first the requests that can still meet both SLOs.
+
+The paper's Largest-VLT-First serves the most late request first. Under overload that is
+earliest-deadline-first's domino effect: capacity goes to requests that have already missed their
+TTFT, so the ones that could still make it miss too. Goodput mode keeps VLT as the urgency scale
+but ranks by what a request can still gain:
+
+- viable: it can still meet both SLOs. A waiting request without a first token is viable while
+  `now + queue ahead of it + its own prefill + one decode step <= arrival + TTFT SLO`, all from
+  measured step costs (`StepCosts`); a started one while its TTFT was met and it has gaps left it
+  may miss (`ReqView.misses_left`, from the SLO's share of gaps met).
+- best-effort: not viable. Still served (taking only memory that is free, never displacing
+  anyone), and promoted ahead of everyone once it has waited `max_best_effort_wait_s` (the
+  starvation bound: from then on it is first in line for memory).
+Within a tier, LVF's order by VLT, scaled by the SLO class's weight. Rotate-out victims are only
+requests that can no longer meet their SLOs (rotating one out costs goodput nothing), and only
+when the stall the rotation adds to the step keeps every running request with no gap to spare
+within its TBT SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from superinfer_sgl.rotasched.state import ReqState, ReqView
+
+PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
+DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
+PAPER_QUANTUM_S = 5.0  # the paper policy's rotation quantum (docs/sim.md: best of 0-20 s there)
+ROTATION_AMORTIZE = 20
+POLICIES = ("goodput", "paper")
+_WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """What the server measured its steps to cost, in seconds (`CostMeter` keeps them current)."""
+
+    prefill_s_per_token: float  # marginal prefill time per computed token
+    prefill_base_s: float  # a prefill iteration's fixed time
+    decode_step_s: float  # one decode iteration of the current batch
+    rotation_s: float  # the server's extra time for one rotation (out and back), beyond its copies
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_s_per_token", "prefill_base_s", "decode_step_s", "rotation_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.prefill_base_s + self.prefill_s_per_token * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputParams:
+    costs: StepCosts
+    max_best_effort_wait_s: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S
+
+    def __post_init__(self) -> None:
+        if not (self.max_best_effort_wait_s > 0):  # inf allowed: no promotion
+            raise ValueError(f"max_best_effort_wait_s must be > 0, got {self.max_best_effort_wait_s}")
+
+
+def lost(view: ReqView) -> bool:
+    """It can no longer meet both SLOs, whatever is scheduled (TTFT missed, or TBT lost)."""
+    return view.ttft_met is False or view.misses_left < 0
+
+
+def ttft_reachable(view: ReqView, now: float, ahead_s: float, costs: StepCosts) -> bool:
+    """A request without a first token could still get it in time, prefilled after `ahead_s`
+    of other prefills (its first token is sampled by the prefill and streamed one step later)."""
+    done = now + ahead_s + costs.prefill_s(view.prefill_tokens) + costs.decode_step_s
+    return done <= view.arrival + view.ttft_slo
+
+
+def tier(view: ReqView, now: float, gp: GoodputParams) -> int:
+    """PROMOTED, VIABLE or BEST_EFFORT for a waiting or rotary request (nothing queued ahead)."""
+    if view.last_token is None:
+        viable = ttft_reachable(view, now, 0.0, gp.costs)
+        since = view.arrival
+    else:
+        viable = not lost(view)
+        since = view.last_token
+    if viable:
+        return VIABLE
+    return PROMOTED if now - since >= gp.max_best_effort_wait_s else BEST_EFFORT
+
+
+def victim_key(view: ReqView, stint_s: float) -> tuple[float, float] | None:
+    """Sort key of a rotate-out candidate (smallest first), or None: only requests that can no
+    longer meet their SLOs are rotated out (nothing left to lose), lower class weight first, then
+    the longest stint. A viable victim would pay the paused gap, and the resume's extend stalls
+    every running request once more: in the simulator, victims with gaps to spare cost more joint
+    attainment than the admissions they made room for gained (docs/architecture.md)."""
+    if not lost(view):
+        return None
+    return (view.weight, -stint_s)
+
+
+def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> float:
+    """The rotation quantum (a running request is not rotated out before this long in its stint):
+    `min_stint_ms` if set; else the paper policy's 5 s, or goodput's ROTATION_AMORTIZE rotations'
+    worth of the measured rotation cost (a rotation may take at most 1/ROTATION_AMORTIZE of the
+    victim's stint): 1.2 s on our CPU server, ~0 on a GPU."""
+    if min_stint_ms is not None:
+        return min_stint_ms / 1000.0
+    if policy == "paper":
+        return PAPER_QUANTUM_S
+    return ROTATION_AMORTIZE * rotation_s
+
+
+def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
+    """The stall a rotation adds to the next step keeps every viable running request that has no
+    gap to spare within its TBT SLO."""
+    gap = costs.decode_step_s + costs.rotation_s
+    return all(gap <= v.tbt_slo for v in running if v.misses_left == 0 and not lost(v))

@@ -1,0 +1,66 @@
+"""The RotaSched step, once for the server and the simulator: from request views to a Decision
+and the order in which SGLang's PrefillAdder is offered the waiting queue.
+
+`integration/runtime.py` and `sim/policies/rotasched.py` both build views of their requests and
+call `plan_step` and `admission_order`; the rules below exist nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from superinfer_sgl.rotasched.goodput import GoodputParams
+from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
+from superinfer_sgl.rotasched.state import ReqView
+from superinfer_sgl.rotasched.vlt import VltParams
+
+# SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default: the decode reserve clips outputs here.
+CLIP_MAX_NEW_TOKENS = 4096
+PAPER_BUDGET_BLOCKS = 2400  # the paper's B_xfer
+BUDGET_POOL_SHARE = 8  # default budget: at most 1/8 of the device KV pool per iteration
+
+
+def rotation_budget(blocks: int | None, pool_tokens: int, block_tokens: int) -> int:
+    """B_xfer, rotation blocks per iteration and direction: `blocks` if set, else the paper's
+    2400 capped at an eighth of the device pool (2400 blocks exceed a small pool many times over;
+    then every iteration could reshuffle all of memory)."""
+    if blocks is not None:
+        return blocks
+    return max(1, min(PAPER_BUDGET_BLOCKS, pool_tokens // block_tokens // BUDGET_POOL_SHARE))
+
+
+def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
+    """SGLang's decode reserve of one request: its remaining outputs, clipped, times the ratio."""
+    return min(max(outputs_left, 0), clip) * new_token_ratio
+
+
+def blocks(tokens: float, block_tokens: int) -> int:
+    return max(0, math.ceil(tokens / block_tokens))
+
+
+def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
+              params: VltParams, goodput: GoodputParams | None, chunked_active: bool) -> Decision:
+    """LVF's decision, plus the idle resume when no chunked prefill is making progress."""
+    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput)
+    if chunked_active:
+        return decision
+    return idle_resume(decision, views, now, params)
+
+
+def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: Decision) -> list[str]:
+    """The waiting queue as the PrefillAdder sees it: restored requests (resumed earlier or now,
+    their KV back in the radix tree) first, then LVF's admissions in LVF's order (a rid in both
+    keeps its later place), then every other waiting request in queue order: LVF counts in whole
+    blocks (need rounded up, free rounded down), so a request that fits in tokens could otherwise
+    never be offered, and the adder admits them only into memory that is really free. When LVF
+    stopped at an urgent request that does not fit, only that one follows: the others must not
+    take the memory it waits for. `waiting` is the queue (restored rids may already be in it)."""
+    first = [*restored, *decision.admit]
+    rank = {rid: i for i, rid in enumerate(first)}
+    ranked = sorted((rid for rid in dict.fromkeys([*waiting, *restored]) if rid in rank),
+                    key=rank.__getitem__)
+    rest = [rid for rid in waiting if rid not in rank]
+    if decision.blocked is not None:
+        rest = [rid for rid in rest if rid == decision.blocked]
+    return ranked + rest

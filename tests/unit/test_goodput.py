@@ -1,0 +1,144 @@
+"""Goodput mode of LVF on hand-built views: demotion, queueing, the starvation bound, class
+weights, victims and the rotation cost gate; plus its invariants over random views, the clock's
+gap budget, the cost meter and the shared planner's admission order."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams, lvf_decide
+from superinfer_sgl.rotasched.costs import CostMeter
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
+from superinfer_sgl.rotasched.planner import admission_order
+from superinfer_sgl.rotasched.timing import ReqClock
+from test_lvf_properties import NOW, _params, _views, check_invariants
+
+W, RUN, ROT = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
+# 1 ms per prefill token, 20 ms decode steps, rotations free: a 1000-token prompt takes ~1 s.
+COSTS = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.0, decode_step_s=0.02, rotation_s=0.0)
+GP = GoodputParams(COSTS, max_best_effort_wait_s=30.0)
+P = VltParams()
+
+
+def waiting(rid: str, waited: float, tokens: int = 100, ttft: float = 5.0, blocks: int = 10,
+            weight: float = 1.0) -> ReqView:
+    return ReqView(rid, W, NOW - waited, None, None, ttft, 0.1, blocks, 0, True, tokens, weight=weight)
+
+
+def running(rid: str, stint: float, blocks: int = 10, misses_left: int = 5, ttft_met: bool = True,
+            tbt: float = 0.1) -> ReqView:
+    return ReqView(rid, RUN, NOW - stint - 1, NOW - 0.01, NOW - stint, 5.0, tbt, 0, blocks, True, 0,
+                   misses_left, ttft_met)
+
+
+def test_a_request_that_cannot_make_its_ttft_yields_to_one_that_can() -> None:
+    # Both urgent (VLT > 0); only 10 blocks free. The older one has 4.5 s of its 5 s gone and a
+    # 1000-token prompt (1 s): LVF's paper rule serves it, goodput serves the one that can still win.
+    views = [waiting("late", 4.5, tokens=1000), waiting("ontime", 3.0), running("r", 1.0)]
+    assert lvf_decide(views, 10, 0, NOW, P).admit == ("late",)
+    d = lvf_decide(views, 10, 0, NOW, P, GP)
+    assert d.admit == ("ontime",) and d.blocked is None
+
+
+def test_best_effort_takes_only_free_memory_and_never_blocks() -> None:
+    views = [waiting("lost", 10.0, blocks=30), waiting("ok", 3.0, blocks=5), running("r", 9.0)]
+    d = lvf_decide(views, 20, 0, NOW, P, GP)
+    assert d.admit == ("ok",) and d.blocked is None and d.rotate_out == ()
+
+
+def test_queue_ahead_counts_prefills_already_chosen() -> None:
+    # Each alone could finish in time (1.5 s prefill, 2 s left); behind the first, the second can't.
+    a = waiting("a", 3.0, tokens=1500)
+    b = waiting("b", 2.99, tokens=1500)
+    d = lvf_decide([a, b, running("r", 1.0)], 20, 0, NOW, P, GP)
+    assert d.admit == ("a", "b")  # b still gets free memory, as best-effort, after everyone viable
+    c = waiting("c", 1.0, tokens=100, blocks=10)  # viable, ranked below b by VLT
+    d = lvf_decide([a, b, c, running("r", 1.0)], 20, 0, NOW, P, GP)
+    assert d.admit == ("a", "c")
+
+
+def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line() -> None:
+    old = waiting("old", 31.0, blocks=15)  # lost long ago, past the 30 s bound
+    views = [old, waiting("ok", 3.0, blocks=5), running("r", 1.0, blocks=40)]
+    d = lvf_decide(views, 10, 0, NOW, P, GP)
+    assert d.admit == () and d.blocked == "old"  # nobody takes the memory it waits for
+    assert lvf_decide(views, 20, 0, NOW, P, GP).admit == ("old", "ok")
+    young = GoodputParams(COSTS, max_best_effort_wait_s=math.inf)
+    assert lvf_decide(views, 10, 0, NOW, P, young).admit == ("ok",)
+
+
+def test_class_weight_decides_who_gets_scarce_memory() -> None:
+    batchy = waiting("batch", 4.0, ttft=5.0, blocks=10)  # VLT 1.5 s
+    inter = waiting("inter", 1.0, ttft=1.5, blocks=10, weight=8.0)  # VLT 0.25 s x 8
+    views = [batchy, inter, running("r", 1.0)]
+    assert lvf_decide(views, 10, 0, NOW, P, GP).admit == ("inter",)
+    same = [batchy, waiting("inter", 1.0, ttft=1.5, blocks=10), running("r", 1.0)]
+    assert lvf_decide(same, 10, 0, NOW, P, GP).admit == ("batch",)
+
+
+def test_only_requests_that_already_lost_are_rotated_out() -> None:
+    views = [waiting("new", 3.0, blocks=10), running("fine", 9.0), running("lost", 2.0, ttft_met=False),
+             running("tbt_lost", 8.0, misses_left=-1)]
+    d = lvf_decide(views, 0, 100, NOW, P, GP)
+    assert d.admit == ("new",) and d.rotate_out == ("tbt_lost",)  # both lost: the longer stint
+    d = lvf_decide([v for v in views if v.rid not in ("lost", "tbt_lost")], 0, 100, NOW, P, GP)
+    assert d.rotate_out == () and d.blocked == "new"
+    assert lvf_decide(views, 0, 100, NOW, P).rotate_out == ("fine",)  # paper: the longest stint
+
+
+def test_rotation_gate_protects_running_requests_with_no_gap_to_spare() -> None:
+    views = [waiting("new", 3.0), running("lost", 2.0, ttft_met=False), running("tight", 1.0, misses_left=0)]
+    cheap = GoodputParams(StepCosts(1e-3, 0.0, 0.02, 0.05))
+    assert lvf_decide(views, 0, 100, NOW, P, cheap).rotate_out == ("lost",)
+    dear = GoodputParams(StepCosts(1e-3, 0.0, 0.02, 0.09))  # 20 + 90 ms > the 100 ms TBT SLO
+    assert lvf_decide(views, 0, 100, NOW, P, dear).rotate_out == ()
+
+
+def test_quantum_follows_the_policy_and_the_measured_rotation_cost() -> None:
+    assert quantum_s("paper", None, 0.058) == 5.0
+    assert quantum_s("goodput", None, 0.058) == 20 * 0.058
+    assert quantum_s("goodput", 250.0, 0.058) == 0.25
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(_views, st.integers(0, 120), st.integers(0, 60), _params,
+       st.sampled_from([0.0, 1e-4, 1e-2]), st.sampled_from([1.0, 30.0, math.inf]))
+def test_goodput_keeps_lvf_guarantees(views: list[ReqView], free: int, budget: int, params: VltParams,
+                                      per_token: float, bound: float) -> None:
+    gp = GoodputParams(StepCosts(per_token, 0.0, 0.02, 0.01), bound)
+    d = lvf_decide(views, free, budget, NOW, params, gp)
+    check_invariants(views, d, free, budget, params)
+    by_rid = {v.rid: v for v in views}
+    assert all(by_rid[r].ttft_met is False or by_rid[r].misses_left < 0 for r in d.rotate_out)
+
+
+def test_misses_left_is_the_share_of_gaps_the_slo_allows() -> None:
+    clk = ReqClock("a", 0.0, Slo(1000, 100))
+    assert clk.misses_left(21) == 2  # 20 gaps: 10% of them may miss
+    for i, t in enumerate([1.0, 1.05, 1.5, 2.0, 2.5]):  # gaps 50 ms, then three of 500 ms
+        clk.observe_outputs(i + 1, t)
+    assert clk.gaps_missed == 3
+    assert clk.misses_left(16) == 2 - 3  # 20 gaps in all, three missed: TBT lost
+    assert clk.misses_left(0) == 0 - 3
+
+
+def test_cost_meter_moves_towards_what_it_observes() -> None:
+    m = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.058), smoothing=0.5)
+    m.observe_decode(0.04)
+    m.observe_decode(0.02)
+    m.observe_prefill(10, 5.0)  # too small to say anything per token
+    m.observe_prefill(1000, 2.0)
+    m.observe_rotation(float("nan"))
+    c = m.costs
+    assert math.isclose(c.decode_step_s, 0.03) and math.isclose(c.prefill_s_per_token, 2e-3)
+    assert c.rotation_s == 0.058 and m.observed == {"decode": 2, "prefill": 1, "rotation": 0}
+
+
+def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> None:
+    d = Decision(admit=("c", "a"), resume=("r",))
+    assert admission_order(["a", "b", "c", "x"], ["x", "r"], d) == ["x", "r", "c", "a", "b"]
+    blocked = Decision(admit=("c",), blocked="b")
+    assert admission_order(["a", "b", "c", "d"], [], blocked) == ["c", "b"]
