@@ -287,10 +287,14 @@ class Simulator:
         batch: list[tuple[SimReq, int]] = []
         if self.chunked is not None:
             ext = self.chunked.extend if chunk is None else min(self.chunked.extend, chunk)
-            batch.append((self.chunked, ext))
-            room -= ext  # SGLang's add_chunked_req takes the chunk's tokens from the same budget
-            chunk = None if chunk is None else chunk - ext
-            budget -= ext
+            # SGLang's add_chunked_req fits the next chunk into the memory left (fit_chunk) and
+            # takes it from the same budget; with none left the chunk waits.
+            ext = min(ext, max(0, int(room)))
+            if ext > 0:
+                batch.append((self.chunked, ext))
+                room -= ext
+                budget -= ext
+                chunk = None if chunk is None else chunk - ext
         for r in offered:
             if r.phase is not _P_WAITING:
                 continue
@@ -318,7 +322,8 @@ class Simulator:
     def _prefill(self, batch: list[tuple[SimReq, int]]) -> tuple[int, float, int]:
         """Extend the batch; returns (tokens, attention pairs, restored requests re-admitted)."""
         tokens, pairs, restored = 0, 0.0, 0
-        self.chunked = None
+        if any(r is self.chunked for r, _ in batch):
+            self.chunked = None
         for r, ext in batch:
             pairs += ext * (r.kv + ext / 2.0)
             tokens += ext

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import superinfer_sgl.rotasched.lvf as production_lvf
+import superinfer_sgl.rotasched.planner as planner
 from superinfer_sgl.sim.engine import SimConfig, Simulator
 from superinfer_sgl.sim.metrics import summarize
 from superinfer_sgl.sim.policies import POLICIES, make_policy
@@ -170,7 +171,7 @@ def test_vllm_swap_bytes_and_time_are_exact() -> None:
 
 
 def test_lvf_uses_the_production_policy_and_rotates(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sim_rotasched.lvf_decide is production_lvf.lvf_decide
+    assert planner.lvf_decide is production_lvf.lvf_decide  # the sim's policy calls planner.plan_step
     calls = []
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003
@@ -178,7 +179,7 @@ def test_lvf_uses_the_production_policy_and_rotates(monkeypatch: pytest.MonkeyPa
         calls.append(d)
         return d
 
-    monkeypatch.setattr(sim_rotasched, "lvf_decide", spy)
+    monkeypatch.setattr(planner, "lvf_decide", spy)
     # A long request fills memory (prompt 10 + output 200 reserved = 14 blocks of 16, the whole
     # 224-token pool, 15 tokens left); B (10 + 6 tokens) arrives and, once past its slack
     # (TTFT SLO 0.2 s -> 0.1 s), displaces A.

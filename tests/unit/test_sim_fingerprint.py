@@ -10,7 +10,9 @@ summary, bit for bit (`superinfer_sgl/sim/fingerprint.py`). The full set, includ
 speed runs, is checked with
 `python -m superinfer_sgl.sim.fingerprint check results/sim_fingerprints_small.json` (and
 `... results/sim_fingerprints_speed.json --cases speed`). If a deliberate behaviour change moves
-them, re-pin from a run of the changed code and say why in the change.
+them, re-pin from a run of the changed code and say why in the change. Re-pinned 2026-11-23 when
+the summary gained `ttft_max_s` (every hash moves; every run's other numbers were checked unchanged
+first) and the goodput policy's cases were added.
 Float results are bit-exact on one platform (x86-64 CPython 3.11 here), not across all.
 """
 
@@ -21,23 +23,26 @@ import pytest
 from superinfer_sgl.sim.fingerprint import run_case, small_cases
 
 PINNED = {
-    "h100-pcie5-qwen2.5-32b/sglang/8": "5032c7f56bbd4f2182fa5d9c52632f373dd77895c6cc18a119236b8a77506141",
-    "h100-pcie5-qwen2.5-32b/sglang-priority/8": "927423fb360db011184fdaea34bb41db4ebac5e09c362b150f9e887c7ee4866d",
-    "h100-pcie5-qwen2.5-32b/vllm-swap-waiting-first/8": "ee4f486578a6393fda7ff5fb31d11b47633564a3fad86b1c5ac30935f7a43f12",
-    "h100-pcie5-qwen2.5-32b/vllm-swap-swapped-first/8": "0a9c25bfaf5eba7f80ac56101ab07448ad1af1288f58be9d232cb99c580f4ce7",
-    "h100-pcie5-qwen2.5-32b/lvf-naive/8": "c0c9f8e8ab1b818c761f48fa2665d9eee2aabbca9d9d93e69fd214622e7306d4",
-    "h100-pcie5-qwen2.5-32b/lvf-batched/8": "d63aca03a19336e2ad6cab49996777ce267dadb39977f777b29f2e281c9ad6da",
-    "h100-pcie5-qwen2.5-32b/lvf-duplex/8": "e4d9c64d029da58af291d2f4a6cd1738396dd5410d487dca9beaa8661520d6cb",
-    "h100-pcie5-qwen2.5-32b/lvf-naive-direct/8": "edaaa4c62bd872ca0ce70be2b3c0f7da0b6c9b0c0831c99c2a451c97a91586b1",
-    "h100-pcie5-qwen2.5-32b/lvf-duplex-direct/8": "96a48a3ddc1cd8e63a3a2dd1a224eaa7ec71f6eb874ff27c3ab7f3b64b7dd0d8",
-    "h100-pcie5-qwen2.5-32b/oracle/8": "7c46c86f16a407465424d045149ef638de48fd88b88bfcae84d4d531fd153cf3",
-    "gh200-qwen2.5-32b/lvf-duplex/15": "13c331e005520cfb7677746c96efa447956c3e23fb9b8ad949ea8dccbf1050c4",
-    "h100/lvf-duplex/8/no-ignore-eos": "94e5b11186ff123b9a298946fa49844d3d1ef930b02b80a4013b7eaa8f0e2def",
-    "h100/lvf-duplex/8/min-stint-2": "5d4e072ac8c9bec3da076429d30bac009ddcec9e0af2fead5e9363680bda63fb",
-    "h100/lvf-duplex/8/mixed-chunk": "a0e80e7b303896c0d242097f9ebc08c781d742bb0330f7849751953a9bc4a0d2",
-    "h100/lvf-duplex/8/lookahead": "78bcf546b9058ab5525655f59ed376b15e8e700acddb40354d499f81c0f610bd",
-    "h100/lvf-duplex/8/budget-300-beta1": "b52debde4b8f0b4abcc5fae03b3000dba530ada851495039b8e30e22fe401f53",
-    "h100/lvf-duplex/8/paper-rule": "94753ef561a29130e895cf1e858fc0cda8026a76d8b404d2e799a1d659e0bcc7",
+    "h100-pcie5-qwen2.5-32b/sglang/8": "24aa4b8c0e983c438b93113cadabafc082c2df1a9dc477d0b598fd4385c49545",
+    "h100-pcie5-qwen2.5-32b/sglang-priority/8": "993a000e1378db5ebc83705283898c1aab40f6ce997f59cf0121ff0903616df2",
+    "h100-pcie5-qwen2.5-32b/vllm-swap-waiting-first/8": "866940cdc7fbba80fb122867c5eb15fbfa056dd9f068c014b7a87e05f9391b5a",
+    "h100-pcie5-qwen2.5-32b/vllm-swap-swapped-first/8": "3c9698c1a6804fee92dc8ac45a7500bc953ca5e3a7b06b0a79bf67ef4262d7a1",
+    "h100-pcie5-qwen2.5-32b/lvf-naive/8": "30bb0452cca82056a72e8eb0cf626c13024b6eaa771f6eaa08006db80f3d86d3",
+    "h100-pcie5-qwen2.5-32b/lvf-batched/8": "6789d07a06d069cfab5f0e2dc3078dffba00b9b751b1faf3b31a4b2d24db365a",
+    "h100-pcie5-qwen2.5-32b/lvf-duplex/8": "bc38699eee69e614893e94cbc8a2a7ac2a0bd95542c07c6213de0f369a9fbdb5",
+    "h100-pcie5-qwen2.5-32b/lvf-naive-direct/8": "88caf8d2641d6021c5e3a43ad9f80a839375d32cb810092e0b2d1d7df63e036c",
+    "h100-pcie5-qwen2.5-32b/lvf-duplex-direct/8": "abdec97efcdedd346cde6f5c83b79831200e92d3d8342b0dd01bdf00347dcceb",
+    "h100-pcie5-qwen2.5-32b/oracle/8": "8fc9aefacc25b8fc3ea6e1bf5aabbb8d952b9a2350df6eb738546d44d29432c0",
+    "gh200-qwen2.5-32b/lvf-duplex/15": "f12444ee6c6b3191b3af767f463f1d10de1d6d92b02abac82e81c450d8cd3b82",
+    "h100/lvf-duplex/8/no-ignore-eos": "d6c2f2546c3c6e48f898a224c0742777f215616dea3381bc0496c8068f1d8598",
+    "h100/lvf-duplex/8/min-stint-2": "5240f5020846969ee5a1164eab667640149684cc47000275e8178d19883bc966",
+    "h100/lvf-duplex/8/mixed-chunk": "87020d5cfb402150977ccdf32a76018ce28af77e7430e729bdc185050f6af894",
+    "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
+    "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
+    "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "1ce8d0e9cb392c838c3013cfea6156b6f9c4e8b1790c701648da3a7a14cbce9b",
+    "gh200-qwen2.5-32b/goodput/15": "443cc2cc4ab049e1c620c027be611c6e155d058dd17808382159aa8865c41f8a",
+    "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }
 CASES = {c[0]: c for c in small_cases()}
 

@@ -161,4 +161,4 @@ def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool
     return ReqView(r.spec.rid, state, c.arrival, c.last_token,
                    c.run_start if state is _RUNNING else None,
                    r.slo_s[0], r.slo_s[1], need, held, rotatable,
-                   r.extend if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met)
+                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met)
