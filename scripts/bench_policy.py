@@ -1,6 +1,7 @@
 """Decision time of RotaSched's LVF policy for a queue of N requests.
 
-Usage: python scripts/bench_policy.py [--n 1000] [--iters 200] [--out results/bench_policy.json]
+Usage: python scripts/bench_policy.py [--n 1000] [--iters 200] [--policy paper|goodput]
+                                    [--out results/bench_policy.json]
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, lvf_decide  # noqa: E402
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts  # noqa: E402
+
+# goodput mode's step costs: a 32B-class model on a GPU (0.1 ms per prefill token, 30 ms decode)
+GOODPUT = GoodputParams(StepCosts(1e-4, 0.002, 0.03, 0.001))
 
 NOW = 1000.0
 
@@ -33,25 +38,29 @@ def make_views(n: int, seed: int) -> list[ReqView]:
         running = state is ReqState.RUNNING
         last = None if state is ReqState.WAITING else rng.uniform(arrival, NOW)
         blocks = rng.randint(1, 64)
+        started = state is not ReqState.WAITING
         views.append(ReqView(
             rid=f"req-{i}", state=state, arrival=arrival, last_token=last,
             run_start=rng.uniform(arrival, NOW) if running else None,
             ttft_slo=rng.choice((1.0, 5.0, 30.0)), tbt_slo=rng.choice((0.05, 0.1, 0.5)),
             blocks_needed=0 if running else blocks, blocks_held=blocks if running else 0,
             rotatable=rng.random() > 0.05 or not running,
+            prefill_tokens=0 if started else rng.randint(16, 4096),
+            misses_left=rng.randint(-2, 20), ttft_met=rng.random() > 0.3 if started else None,
         ))
     return views
 
 
-def bench(views: list[ReqView], free: int, budget: int, iters: int) -> list[float]:
+def bench(views: list[ReqView], free: int, budget: int, iters: int,
+          goodput: GoodputParams | None = None) -> list[float]:
     """Microseconds per lvf_decide call; the clock advances 10 ms per call like a real loop."""
     params = VltParams()
     for i in range(10):  # warm-up
-        lvf_decide(views, free, budget, NOW + i * 0.01, params)
+        lvf_decide(views, free, budget, NOW + i * 0.01, params, goodput)
     times = []
     for i in range(iters):
         t0 = time.perf_counter_ns()
-        lvf_decide(views, free, budget, NOW + i * 0.01, params)
+        lvf_decide(views, free, budget, NOW + i * 0.01, params, goodput)
         times.append((time.perf_counter_ns() - t0) / 1000.0)
     return times
 
@@ -67,13 +76,16 @@ def main() -> None:
     ap.add_argument("--free-blocks", type=int, default=2000, help="free device blocks")
     ap.add_argument("--budget-blocks", type=int, default=2400, help="rotation budget (paper: 2400)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", choices=("paper", "goodput"), default="paper")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_policy.json")
     args = ap.parse_args()
 
     views = make_views(args.n, args.seed)
-    d = lvf_decide(views, args.free_blocks, args.budget_blocks, NOW, VltParams())
-    times = sorted(bench(views, args.free_blocks, args.budget_blocks, args.iters))
+    goodput = GOODPUT if args.policy == "goodput" else None
+    d = lvf_decide(views, args.free_blocks, args.budget_blocks, NOW, VltParams(), goodput)
+    times = sorted(bench(views, args.free_blocks, args.budget_blocks, args.iters, goodput))
     result = {
+        "policy": args.policy,
         "n": args.n,
         "iters": args.iters,
         "free_blocks": args.free_blocks,

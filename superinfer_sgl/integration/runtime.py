@@ -9,7 +9,6 @@ radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in L
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -293,11 +292,11 @@ class RotaSchedRuntime:
     # ---- views for the policy ----------------------------------------------------------------
     def _reserve(self, req: Any) -> float:
         ratio = 1.0 if req.sampling_params.ignore_eos else self.sched.new_token_ratio_tracker.current
-        left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
-        return min(left, _CLIP_MAX_NEW_TOKENS) * ratio
+        return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids), ratio,
+                                      _CLIP_MAX_NEW_TOKENS)
 
     def _blocks(self, tokens: float) -> int:
-        return max(0, math.ceil(tokens / self.bt))
+        return planner.blocks(tokens, self.bt)
 
     def _free_blocks(self, running_batch: Any) -> int:
         # The same budget SGLang's PrefillAdder admits against: free + evictable tokens minus

@@ -194,21 +194,12 @@ class _HeadScan:
         free, budget, wall, goodput = self.free, self.budget, self.wall, self.goodput
         used = inbound = 0
         ahead_s = 0.0
-        deferred: _Ranked = []
-        rows = self.pending
-        i = 0
-        while i < len(rows) or deferred:
-            if i < len(rows):
-                row = rows[i]
-                i += 1
-            else:  # deferred requests go last, as best-effort
-                rows, i, deferred = deferred, 0, []
-                continue
-            tier, neg_key, _, _, view = row
+        queue = list(self.pending)
+        for tier, neg_key, arrival, rid, view in queue:  # a deferred row is appended: it comes last
             urgent = tier == PROMOTED or (tier == VIABLE and neg_key < 0)
             if goodput is not None and tier == VIABLE and view.last_token is None:
                 if not gp_rules.ttft_reachable(view, self.now, ahead_s, goodput.costs):
-                    deferred.append((BEST_EFFORT, *row[1:]))
+                    queue.append((BEST_EFFORT, neg_key, arrival, rid, view))
                     continue
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):

@@ -49,6 +49,9 @@ def simulate(workload: Workload, profile: Profile, policy: str, config: SimConfi
     return out
 
 
+SERVER_POLICIES = ("goodput", "paper")  # our server as shipped, with its default quantum
+
+
 @dataclass(frozen=True)
 class Job:
     """A picklable simulation request for worker processes."""
@@ -76,20 +79,15 @@ class Job:
     def config(self) -> SimConfig:
         return SimConfig(budget_blocks=self.budget_blocks, vlt=VltParams(*self.vlt),
                          lookahead=self.lookahead, mixed_chunk=self.mixed_chunk,
-                         ignore_eos=self.ignore_eos, min_stint_s=self._min_stint_s(),
+                         ignore_eos=self.ignore_eos, min_stint_s=self.stint_s(),
                          max_best_effort_wait_s=self.max_best_effort_wait_s)
 
-    def _min_stint_s(self) -> float | None:
-        return _job_stint(self)
-
-
-def _job_stint(job: Job) -> float | None:
-    if job.min_stint_s is not None or job.policy in SERVER_POLICIES:
-        return job.min_stint_s
-    return 0.0
-
-
-SERVER_POLICIES = ("goodput", "paper")
+    def stint_s(self) -> float | None:
+        """The quantum: as given; else None (the server's default) for our server's policies,
+        0 (the paper's rule) for the paper scenario's lvf-* policies."""
+        if self.min_stint_s is not None or self.policy in SERVER_POLICIES:
+            return self.min_stint_s
+        return 0.0
 
 
 def run_job(job: Job) -> dict:

@@ -28,7 +28,8 @@ from superinfer_sgl.sim.workload import RequestSpec, Workload
 
 # A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF over the
 # rotation engine's one call per step for both directions, with eager sync (its defaults).
-SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "lvf-duplex"}
+AS_SERVED = "as-served"  # our server: the simulator policy of its --policy flag (served_policy)
+SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": AS_SERVED}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
 
 # What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
@@ -298,7 +299,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         policy = mapping.get(pt.system, mapping.get(pt.system.split("#")[0]))
         if policy is None:
             continue
-        if policy == "lvf-duplex" and pt.system not in (policy_map or {}):
+        if policy == AS_SERVED:
             policy = served_policy(cfg, pt.system)
         point = next((p for p in results[pt.system] if p["rate"] == pt.rate), {})
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own

@@ -172,3 +172,15 @@ def test_speed_scales_read_the_ab_probe(slower: float) -> None:
     assert sc == pytest.approx({"decode": slower, "prefill": slower})
     assert scaled(prof, sc).step.seconds(10, 50.0, 1, 4, 100) == pytest.approx(slower * STEP.seconds(10, 50.0, 1, 4, 100))
     assert speed_scales(prof, {}) is None and scaled(prof, None) is prof
+
+
+def test_replay_of_an_ab_runs_the_policy_and_quantum_the_server_ran() -> None:
+    from superinfer_sgl.sim.validate import served_policy, system_config
+
+    ours = ["python", "-m", "superinfer_sgl.launch_server", "--scheduler", "rotasched"]
+    cfg = {"server_commands": {"new": [*ours, "--policy", "goodput"], "stint": [*ours, "--min-stint-ms", "5000"],
+                               "old": ours}}
+    assert served_policy(cfg, "new") == "goodput" and served_policy(cfg, "old") == "lvf-duplex"
+    assert system_config(cfg, "new", "goodput", 4096).min_stint_s is None  # the policy's default
+    assert system_config(cfg, "stint", "lvf-duplex", 4096).min_stint_s == 5.0
+    assert system_config(cfg, "old", "lvf-duplex", 4096).min_stint_s == 0.0  # before the quantum

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS
 from superinfer_sgl.sim.request import SimReq
 
 if TYPE_CHECKING:
     from superinfer_sgl.sim.engine import Simulator
-
-CLIP_MAX_NEW_TOKENS = 4096  # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
-from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, admission_order, plan_step
+from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, admission_order, plan_step, reserve_tokens
 from superinfer_sgl.sim.policies.base import Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
@@ -95,16 +95,14 @@ class RotaSched(Policy):
         fresh = self.mode == "goodput"
         for r in sim.running:
             v = r.view
-            if fresh:
-                rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
-                held = -(-(r.ctx + _reserve(r, ratio)) // bt)
-                add(_make_view(r, _RUNNING, 0, held, rotatable))
-                continue
-            if exact and v is not None and v.rotatable:  # type: ignore[attr-defined]
+            if exact and not fresh and v is not None and v.rotatable:  # type: ignore[attr-defined]
                 add(v)  # type: ignore[arg-type]
                 continue
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
+            if fresh:
+                add(_make_view(r, _RUNNING, 0, -(-(r.ctx + _reserve(r, ratio)) // bt), rotatable))
+                continue
             if v is None or v.rotatable is not rotatable or not exact:  # type: ignore[attr-defined]
                 held = -(-(r.ctx + _reserve(r, ratio)) // bt)
                 if v is None or v.rotatable is not rotatable or v.blocks_held != held:  # type: ignore[attr-defined]
@@ -147,8 +145,7 @@ _RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTAR
 
 def _reserve(r: SimReq, ratio: float) -> float:
     """runtime._reserve: remaining outputs (clipped) times SGLang's new-token ratio."""
-    left = r.spec.output_tokens - r.outputs
-    return (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * ratio
+    return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
 
 
 def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
