@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from superinfer_sgl import SUPPORTED_SGLANG_VERSION
+
+SUPPORTED_SGLANG = (SUPPORTED_SGLANG_VERSION,)  # the one constant lives in superinfer_sgl
 
 
 class PatchError(RuntimeError):

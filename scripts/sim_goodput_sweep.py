@@ -32,10 +32,10 @@ KEYS = ("both_attainment", "ttft_attainment", "tbt_attainment", "throughput_tok_
         "ttft_max_s", "finished", "requests", "rotations_out")
 
 
-def jobs() -> list[Job]:
+def jobs(policies: tuple[str, ...] = POLICIES) -> list[Job]:
     return [Job(prof, pol, wl, rate, 120.0, seed, mixed_chunk=True)
             for prof, rates in PROFILES.items() for wl, seed in WORKLOADS for rate in rates
-            for pol in POLICIES]
+            for pol in policies]
 
 
 def rows(results: list[dict]) -> list[dict]:
@@ -101,15 +101,25 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_goodput"))
     ap.add_argument("--replot", action="store_true", help="redo table and plot from sweep.json")
+    ap.add_argument("--only", action="append", choices=POLICIES,
+                    help="re-run only these policies and replace their rows in the existing sweep.json "
+                         "(the others are deterministic and unchanged by a change to this policy)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if a.replot:
         doc = json.loads((a.out / "sweep.json").read_text())
+    elif a.only:
+        doc = json.loads((a.out / "sweep.json").read_text())
+        kept = [r for r in doc["rows"] if r["policy"] not in a.only]
+        doc["rows"] = kept + rows(run_jobs(jobs(tuple(a.only)), a.jobs))
+        doc.setdefault("updates", []).append({"date_utc": now, "policies": a.only,
+                                              "command": "python scripts/sim_goodput_sweep.py " + " ".join(sys.argv[1:])})
+        (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     else:
         results = run_jobs(jobs(), a.jobs)
         doc = {"command": "python scripts/sim_goodput_sweep.py " + " ".join(sys.argv[1:]),
-               "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "machine": {"node": platform.node(), "cpus": os.cpu_count()},
+               "date_utc": now, "machine": {"node": platform.node(), "cpus": os.cpu_count()},
                "data_attribution": AZURE_ATTRIBUTION,
                "rows": rows(results)}
         (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")

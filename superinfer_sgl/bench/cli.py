@@ -24,10 +24,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/ab_bench.py",
                                 description="A/B: stock SGLang vs superinfer_sgl under SGLang's own load generator.")
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
-    p.add_argument("--workload", choices=("sharegpt", "mixed", "trace"), default="sharegpt",
-                   help="sharegpt: ShareGPT-like lengths from the seed, one SLO; mixed: the same with SLO "
-                        "classes (--class-mix); trace: lengths (and timestamps) from --trace")
-    p.add_argument("--trace", help="trace file: Azure-style CSV, Mooncake/JSONL with timestamps, ShareGPT JSON")
+    p.add_argument("--workload", choices=("sharegpt", "mixed", "trace"),
+                   help="sharegpt (default): ShareGPT-like lengths from the seed, one SLO; mixed: the same with "
+                        "SLO classes (--class-mix); trace (default with --trace): lengths (and timestamps) from --trace")
+    p.add_argument("--trace", help="trace file: Azure-style CSV (TIMESTAMP, ContextTokens, GeneratedTokens), "
+                                   "Mooncake/JSONL with timestamps, ShareGPT JSON")
     p.add_argument("--trace-arrivals", choices=("poisson", "recorded"), default="poisson",
                    help="poisson: re-time the trace as Poisson at each rate; recorded: replay its "
                         "timestamps, once per --time-scales value")
@@ -46,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: all servers up (idle ones sleep), each rate run on every system in "
                         "alternating order; sequential: one server at a time, all its rates")
+    p.add_argument("--paired", action="store_true",
+                   help="run systems two at a time, simultaneously, on the same schedule, each pinned to half "
+                        "the cores (ours beside each baseline; with --noise also stock beside its twin)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the whole sweep K times with seeds seed..seed+K-1 (same SLOs and rates); "
+                        "reports pool them, with confidence intervals for every difference")
     cal = p.add_mutually_exclusive_group()
     cal.add_argument("--calibrate", dest="calibrate", action="store_true", default=None,
                      help="derive SLOs, rates and request count from a speed probe (default for cpu)")
@@ -81,6 +88,12 @@ def dry_run(plan, tokenizer) -> None:  # type: ignore[no-untyped-def]
         print(f"{name}: {env} python {shlex.join(cmd)}".replace("--port 0", "--port PORT"))
     print("load generator: python -m superinfer_sgl.bench.client --ab-schedule SCHEDULE -- "
           + shlex.join(config["bench_serving_args"]))
+    if plan.paired:
+        from .paired import core_halves, pairs_for
+
+        halves = [sorted(h) for h in core_halves()]
+        print(f"paired: {', '.join(f'{a.name} | {b.name}' for a, b in pairs_for(plan.systems))}; "
+              f"cores {halves[0]} | {halves[1]} (swapped point to point); repeats {plan.repeats}")
     cal = " (before calibration)" if plan.calibrate else ""
     print(f"points{cal}: {', '.join(pt['label'] for pt in config['points'])}; plan: {plan.out_dir / 'plan.json'}")
 
@@ -88,6 +101,9 @@ def dry_run(plan, tokenizer) -> None:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
+    if a.repeats < 1:
+        print("ab_bench: error: --repeats must be >= 1", file=sys.stderr)
+        return 2
     try:
         plan, tokenizer = build_plan(a, argv)
     except (SloError, TraceError, OSError, ValueError) as exc:

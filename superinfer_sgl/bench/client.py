@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -96,13 +97,16 @@ def bench_args(base_url: str, dataset: Path, n: int, seed: int, out_file: Path, 
 
 
 def run_client(args: list[str], schedule: Path, log_path: Path, out_file: Path,
-               on_progress: Callable[[int, int], None] | None = None, timeout_s: float = 3600) -> ClientRun:
+               on_progress: Callable[[int, int], None] | None = None, timeout_s: float = 3600,
+               cores: frozenset[int] | None = None) -> ClientRun:
+    """Run the load generator to the end (on `cores` only, if given: paired mode)."""
     cmd = [sys.executable, "-m", "superinfer_sgl.bench.client", "--ab-schedule", str(schedule), "--", *args]
     out_file.unlink(missing_ok=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
         watchdog = threading.Timer(timeout_s, proc.kill)  # a hung run must not hang the sweep
         watchdog.start()
         try:

@@ -80,6 +80,19 @@ class Plan:
     def interleaved(self) -> bool:
         return self.options.order == "interleaved"
 
+    @property
+    def paired(self) -> bool:
+        return bool(getattr(self.options, "paired", False))
+
+    @property
+    def repeats(self) -> int:
+        return int(getattr(self.options, "repeats", 1) or 1)
+
+    @property
+    def repeat(self) -> int:
+        """Which repeat this plan is (0: the plan as built; k: seed + k, files under repeatK/)."""
+        return int(getattr(self.options, "repeat", 0) or 0)
+
 
 def resolve_profile(a: argparse.Namespace) -> Profile:
     p = PROFILES[a.profile]
@@ -182,6 +195,8 @@ def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
 
 def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
     """Raises ValueError/OSError (bad options or files) with a one-line message."""
+    if getattr(a, "workload", None) is None:
+        a.workload = "trace" if a.trace else "sharegpt"
     p = resolve_profile(a)
     out = (a.out or REPO / "results" / f"ab_{p.name}_{a.workload}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +209,25 @@ def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
     shared = shared_flags(model, p.kv_tokens, p.chunked_prefill, p.device, p.server_flags)
     plan = Plan(p, a, model, tok_path, reqs, points, pick_systems(a, p), shared, out, mode,
                 argv=["python", "scripts/ab_bench.py", *argv], notes=notes)
+    if plan.paired:  # fail before any server starts
+        from .paired import core_halves, pairs_for
+
+        pairs_for(plan.systems)
+        core_halves()
     return plan, tokenizer
+
+
+def for_repeat(plan: Plan, k: int, tokenizer: object) -> Plan:
+    """Repeat k of a (calibrated) plan: the same SLOs, rates and request count; requests and
+    arrivals drawn from seed + k; its files under out_dir/repeatK (repeat 0: out_dir itself, so
+    the simulator's replay reads it as before)."""
+    if k == 0:
+        return plan
+    opts = argparse.Namespace(**{**vars(plan.options), "seed": plan.options.seed + k, "repeat": k})
+    reqs, notes = build_requests(opts, plan.profile, tokenizer)
+    points, mode = build_points(opts, plan.profile, reqs)
+    return dataclasses.replace(plan, options=opts, requests=reqs, points=points, arrival_mode=mode,
+                               out_dir=plan.out_dir / f"repeat{k}", notes=notes)
 
 
 def mean_lengths(p: Profile, seed: int) -> tuple[float, float]:

@@ -171,3 +171,141 @@ def targets_markdown(t: Mapping[str, Any]) -> str:
 
 def _yes(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+# ---- several runs per rate (repeats, paired mode): pooled figures and differences with CIs ------
+def _runs(results: Results, system: str, partner: str, rate: float) -> dict[int, Mapping[str, Any]]:
+    """A system's runs at a rate by repeat; in paired mode only those run beside `partner`."""
+    return {p.get("repeat", 0): p for p in results.get(system, ())
+            if p["rate"] == rate and p.get("paired_with") in (None, partner)}
+
+
+def comparisons(results: Results, pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Per pair (A, B) and rate: B - A over the matched runs (same repeat), with intervals."""
+    from .stats import compare_runs
+
+    out = []
+    for a, b in pairs:
+        rates = sorted({p["rate"] for p in results.get(a, ())} & {p["rate"] for p in results.get(b, ())})
+        for rate in rates:
+            ra, rb = _runs(results, a, b, rate), _runs(results, b, a, rate)
+            common = sorted(set(ra) & set(rb))
+            if not common:
+                continue
+            diffs = compare_runs([ra[k] for k in common], [rb[k] for k in common])
+            out.append({"a": a, "b": b, "rate": rate, "repeats": common,
+                        "n_per_system": sum(len(ra[k]["requests"]["success"]) for k in common),
+                        "diffs": {k: d.to_dict() for k, d in diffs.items()}})
+    return out
+
+
+def pooled_results(results: Results) -> dict[str, list[dict[str, Any]]]:
+    """{system: [{"rate", "summary": pooled over all its runs at that rate}]} (plots, tables)."""
+    from .stats import pooled
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for system, pts in results.items():
+        for rate in sorted({p["rate"] for p in pts}):
+            out.setdefault(system, []).append({"rate": rate, "summary": pooled([p for p in pts if p["rate"] == rate])})
+    return out
+
+
+def _ci(ci: Sequence[float] | None, scale: str) -> str:
+    if ci is None:
+        return "-"
+    return f"[{ci[0]:+.1f}, {ci[1]:+.1f}]" if scale == "pts" else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def comparisons_markdown(comps: Sequence[Mapping[str, Any]]) -> str:
+    """One table per pair: every difference B - A with both intervals, then the verdict line."""
+    lines: list[str] = []
+    for a, b in dict.fromkeys((c["a"], c["b"]) for c in comps):
+        rows = [c for c in comps if (c["a"], c["b"]) == (a, b)]
+        classes = sorted({k for c in rows for k in c["diffs"] if k.startswith("joint_attainment[")})
+        head = ["rate req/s", "repeats", "n", "joint Δ pts", "request CI", "repeat CI", "TTFT Δ pts (CI)",
+                "TBT gaps Δ pts (CI)", "out tok/s B/A (CI)", *(f"{k[17:-1]} joint Δ (CI)" for k in classes)]
+        lines += [f"**{b} - {a}** (95% intervals: request = paired bootstrap over requests of all repeats, "
+                  "repeat = t interval over per-repeat differences)", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for c in rows:
+            d = c["diffs"]
+            j = d["joint_attainment"]
+            cells = [f"{c['rate']:g}", str(len(c["repeats"])), str(c["n_per_system"]), f"{j['estimate']:+.1f}",
+                     _ci(j["request_ci"], "pts"), _ci(j["repeat_ci"], "pts"),
+                     f"{d['ttft_attainment']['estimate']:+.1f} {_ci(d['ttft_attainment']['request_ci'], 'pts')}",
+                     f"{d['tbt_gap_attainment']['estimate']:+.1f} {_ci(d['tbt_gap_attainment']['request_ci'], 'pts')}",
+                     f"{d['output_throughput']['estimate']:.3f} {_ci(d['output_throughput']['repeat_ci'], 'x')}",
+                     *(f"{d[k]['estimate']:+.1f} {_ci(d[k]['request_ci'], 'pts')}" for k in classes)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", verdict_line(rows), ""]
+    return "\n".join(lines) + "\n"
+
+
+def verdict_line(rows: Sequence[Mapping[str, Any]]) -> str:
+    a, b = rows[0]["a"], rows[0]["b"]
+    up = [c["rate"] for c in rows if c["diffs"]["joint_attainment"]["excludes_null"]
+          and c["diffs"]["joint_attainment"]["estimate"] > 0]
+    down = [c["rate"] for c in rows if c["diffs"]["joint_attainment"]["excludes_null"]
+            and c["diffs"]["joint_attainment"]["estimate"] < 0]
+    fmt = lambda rs: ", ".join(f"{r:g} req/s" for r in rs) or "no rate"  # noqa: E731
+    return (f"Verdict ({b} - {a}, joint attainment, rates where every interval excludes zero): {b} ahead at "
+            f"{fmt(up)}; behind at {fmt(down)}; not distinguishable at the other rates.")
+
+
+def pooled_markdown(results: Results) -> str:
+    pooled = pooled_results(results)
+    classes = sorted({c for pts in pooled.values() for p in pts for c in p["summary"]["joint_by_class"]})
+    head = ["rate req/s", "system", "runs", "n", "joint att.", "TTFT att.", "TBT att. (gaps)", "out tok/s",
+            "P99 TTFT ms", *(f"{c} joint" for c in classes), "done"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rate in sorted({p["rate"] for pts in pooled.values() for p in pts}):
+        for system, pts in pooled.items():
+            for p in pts:
+                if p["rate"] != rate:
+                    continue
+                s = p["summary"]
+                cells = [f"{rate:g}", system, str(s["runs"]), str(s["n"]), _fmt(s["joint_attainment"], "pct"),
+                         _fmt(s["ttft_attainment"], "pct"), _fmt(s["tbt_gap_attainment"], "pct"),
+                         _fmt(s["output_throughput_tps"], "f1"), _fmt(s["p99_ttft_ms"], "f0"),
+                         *(_fmt(s["joint_by_class"].get(c), "pct") for c in classes), f"{s['completed']}/{s['n']}"]
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    """table.md of a sweep, from its ab.json document alone."""
+    cfg = doc["config"]
+    results = {k: v for k, v in doc["results"].items() if v}
+    lines = [f"# A/B: {cfg['profile']} profile, {cfg['workload']} workload ({cfg['date_utc']})", "",
+             f"command: `{' '.join(cfg['argv'])}`", "",
+             f"SLO default TTFT {cfg['slo_default']['ttft_ms']:g} ms / TBT {cfg['slo_default']['tbt_ms']:g} ms; "
+             f"KV budget {cfg['kv_tokens']} tokens; chunked prefill {cfg['chunked_prefill']}; "
+             f"{cfg['num_requests']} requests per point; order {cfg.get('order')}; wall {doc.get('wall_s', 0):.0f} s", ""]
+    if any(r.get("slo_class") for r in cfg["requests"]):
+        used = sorted({r["slo_class"] for r in cfg["requests"] if r.get("slo_class")})
+        lines += ["SLO classes: " + "; ".join(f"{c} TTFT {cfg['slo_classes'][c]['ttft_ms']:g} ms / TBT "
+                                              f"{cfg['slo_classes'][c]['tbt_ms']:g} ms" for c in used), ""]
+    cal = doc.get("calibration")
+    if cal:
+        steps = ", ".join(f"batch {b}: {ms:.0f} ms" for b, ms in cal["speed"]["steps_ms"])
+        lines += [f"Calibrated on {cal['probe_server']}: decode step {steps}; prefill "
+                  f"{cal['speed']['prefill_ms_per_token']:.1f} ms/prompt token; memory-bound batch {cal['batch']:.1f} "
+                  f"-> step {cal['step_ms']:.0f} ms; capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
+    loads = [l for pts in results.values() for p in pts for l in p.get("loadavg_1m", [])]
+    if loads:
+        lines += [f"1-minute load average during the runs (2 cores): {min(loads):.1f} .. {max(loads):.1f}", ""]
+    if results and "comparisons" in doc:
+        seed, k = cfg["seed"], cfg.get("repeats", 1)
+        lines += [f"Pooled over repeats (seeds {seed}..{seed + k - 1}); "
+                  f"order {cfg.get('order')}; pairs {cfg.get('pairs')}", "", pooled_markdown(results),
+                  comparisons_markdown(doc.get("comparisons", []))]
+    elif results:
+        lines += [markdown_table(results)]
+    if "targets" in doc:
+        lines += ["Targets:", targets_markdown(doc["targets"])]
+    if "noise_band" in doc:
+        lines += ["Noise (largest |A-B| over rates; attainment in points):",
+                  ", ".join(f"{k} {v:.2f}" for k, v in doc["noise_band"].items()), ""]
+    if doc["errors"]:
+        lines += ["Errors:", *(f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in doc["errors"].items()), ""]
+    return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import threading
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -27,9 +28,10 @@ from superinfer_patches.step_log import STEP_LOG_ENV
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
 from .calibrate import Speed, derive, probe, probe_prompts
-from .planning import Plan, SweepPoint, mean_lengths, recalibrated
+from .paired import core_halves, pairs_for
+from .planning import Plan, SweepPoint, for_repeat, mean_lengths, recalibrated
 from .prompts import PromptBuilder, priority_by_ttft, write_dataset
-from .report import check_targets, markdown_table, noise_band, plot, targets_markdown
+from .report import check_targets, comparisons, noise_band, plot, pooled_results, render_markdown
 from .servers import ServerError, SystemSpec, command, launch, noise_twin_name
 from .workloads import offered_rate
 
@@ -122,11 +124,15 @@ def scrape(url: str) -> dict[str, float]:
         return {}
 
 
-def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint, pbar: tqdm) -> dict[str, Any]:
+def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint, pbar: tqdm,
+              sync: threading.Barrier | None = None, partner: str | None = None) -> dict[str, Any]:
+    """One system at one sweep point. Paired mode: `sync` is shared with the partner's thread, so
+    both load generators start together once both speed probes are done."""
     out = plan.out_dir
-    tag = f"{spec.name.replace('#', '_')}_{i:02d}"
+    tag = f"{spec.name.replace('#', '_')}_{i:02d}" + (f"_vs_{partner.replace('#', '_')}" if partner else "")
     raw = out / "raw" / f"{tag}.jsonl"
-    raw.parent.mkdir(exist_ok=True)
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     args = bench_args(server.url, dataset_for(plan, spec), len(plan.requests), plan.seed, raw, plan.tokenizer)
 
     def progress(done: int, total: int) -> None:
@@ -137,9 +143,12 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     pbar.reset(total=len(plan.requests))
     pbar.set_description(f"  {spec.name} @ {pt.label}")
     speed = point_probe(plan, spec, server, i)
-    before, load0, t0 = scrape(server.url), os.getloadavg(), time.time()
+    before = scrape(server.url)
+    if sync is not None:
+        sync.wait()
+    load0, t0 = os.getloadavg(), time.time()
     run = run_client(args, out / "schedules" / f"{i:02d}.json", out / "logs" / f"{tag}.client.log", raw,
-                     progress, timeout_s=plan.profile.run_timeout_s)
+                     progress, timeout_s=plan.profile.run_timeout_s, cores=server.cores)
     after = scrape(server.url)
     if not server.alive():
         raise ServerError(f"{spec.name} died during {pt.label}:\n{server.log_tail()}")
@@ -148,6 +157,8 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     summary = summarize(outcomes, float(run.details["duration"]))
     return {
         "rate": pt.rate, "label": pt.label, "offered_rate": offered_rate(pt.arrivals),
+        "repeat": plan.repeat, "seed": plan.seed, "paired_with": partner,
+        "cores": sorted(server.cores) if server.cores else None,
         "summary": asdict(summary), "counters": counter_deltas(before, after),
         "client_wall_s": run.wall_s,
         # unix time around the client run: cuts this point's iterations out of the step log
@@ -209,17 +220,20 @@ class Sweep:
         self.plan, self.doc = plan, doc
         self.servers: dict[str, Any] = {}
         self.failed: set[str] = set()
-        self.bar = tqdm(total=len(plan.systems) * len(plan.points), desc="A/B sweep", unit="run", position=0)
-        self.inner = tqdm(total=len(plan.requests), unit="req", position=1, leave=False)
+        self.bar = tqdm(total=runs_per_repeat(plan) * plan.repeats, desc="A/B sweep", unit="run", position=0)
+        self.inners = [tqdm(total=len(plan.requests), unit="req", position=1 + k, leave=False)
+                       for k in range(2 if plan.paired else 1)]
+        self.inner = self.inners[0]
 
-    def start(self, spec: SystemSpec) -> Any:
+    def start(self, spec: SystemSpec, cores: frozenset[int] | None = None) -> Any:
         self.bar.set_postfix_str(f"starting {spec.name}")
         stem = self.plan.out_dir / "logs" / spec.name.replace("#", "_")
         # every server logs its iterations (measurement only): what `sim --validate` calibrates to
         env = {**dict(self.plan.profile.env), STEP_LOG_ENV: f"{stem.resolve()}.steps.jsonl"}
         t0 = time.monotonic()
         try:
-            server = launch(spec, self.plan.shared, Path(f"{stem}.server.log"), self.plan.profile.ready_timeout_s, env)
+            server = launch(spec, self.plan.shared, Path(f"{stem}.server.log"), self.plan.profile.ready_timeout_s, env,
+                            cores)
         except ServerError as exc:
             self.fail(spec, exc)
             return None
@@ -227,15 +241,53 @@ class Sweep:
         self.servers[spec.name] = server
         return server
 
-    def run(self, spec: SystemSpec, i: int, pt: SweepPoint) -> None:
+    def run(self, plan: Plan, spec: SystemSpec, i: int, pt: SweepPoint) -> None:
         server = self.servers.get(spec.name)
         if server is not None and spec.name not in self.failed:
             self.bar.set_postfix_str(f"{spec.name} @ {pt.label}")
             try:
-                self.doc["results"][spec.name].append(run_point(self.plan, spec, server, i, pt, self.inner))
+                self.doc["results"][spec.name].append(run_point(plan, spec, server, i, pt, self.inner))
             except (ClientError, ServerError) as exc:
                 self.fail(spec, exc)
                 self.stop(spec)
+        self.bar.update()
+        save(self.plan, self.doc)
+
+    def run_pair(self, plan: Plan, i: int, pt: SweepPoint, pair: tuple[SystemSpec, SystemSpec],
+                 cores: tuple[frozenset[int], frozenset[int]]) -> None:
+        """Both systems of a pair at once, each on its cores, load generators started together."""
+        servers = [self.servers.get(s.name) for s in pair]
+        if any(sv is None for sv in servers) or any(s.name in self.failed for s in pair):
+            self.bar.update()
+            return
+        self.bar.set_postfix_str(f"{pair[0].name} | {pair[1].name} @ {pt.label}")
+        for server, c in zip(servers, cores):
+            server.pin(c)
+        sync = threading.Barrier(2, timeout=self.plan.profile.ready_timeout_s)  # never wait forever on a partner
+        got: list[Any] = [None, None]
+
+        def work(k: int) -> None:
+            try:
+                got[k] = run_point(plan, pair[k], servers[k], i, pt, self.inners[k], sync, pair[1 - k].name)
+            except threading.BrokenBarrierError:  # the partner failed before its run began
+                pass
+            except Exception as exc:  # noqa: BLE001 - handed to the main thread below
+                got[k] = exc
+                sync.abort()  # the partner must not wait for a run that will not start
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for spec, res in zip(pair, got):
+            if isinstance(res, (ClientError, ServerError)):
+                self.fail(spec, res)
+                self.stop(spec)
+            elif isinstance(res, Exception):  # a bug in the harness: stop the sweep (servers are stopped)
+                raise res
+            elif res is not None:
+                self.doc["results"][spec.name].append(res)
         self.bar.update()
         save(self.plan, self.doc)
 
@@ -254,8 +306,14 @@ class Sweep:
     def close(self) -> None:
         for spec in self.plan.systems:
             self.stop(spec)
-        self.inner.close()
+        for bar in self.inners:
+            bar.close()
         self.bar.close()
+
+
+def runs_per_repeat(plan: Plan) -> int:
+    """Runs (paired mode: pairs run at once) of one repeat of the sweep."""
+    return len(plan.points) * (len(pairs_for(plan.systems)) if plan.paired else len(plan.systems))
 
 
 def calibrate(sweep: Sweep, server: Any, tokenizer: Any, t_start: float) -> Plan:
@@ -271,14 +329,14 @@ def calibrate(sweep: Sweep, server: Any, tokenizer: Any, t_start: float) -> Plan
                                                    add_generation_prompt=True))
     speed = probe(server.url, texts, n_tok)
     startup = sweep.doc.get("startup_s", {}).get(plan.systems[0].name, 120.0)
-    n_sys = len(plan.systems)
+    n_sys = runs_per_repeat(plan) // max(1, len(plan.points)) * plan.repeats  # runs one after another per rate
     cal = derive(speed, plan.profile.kv_tokens, mean_in, mean_out, plan.profile.knobs, n_sys,
                  time.monotonic() - t_start, startup, plan.profile.num_requests)
     sweep.doc["calibration"] = {**asdict(cal), "mean_prompt_tokens": mean_in, "mean_output_tokens": mean_out,
                                 "knobs": asdict(plan.profile.knobs), "probe_server": plan.systems[0].name}
     new = recalibrated(plan, cal, tokenizer)
     sweep.plan = new
-    sweep.bar.reset(total=len(new.systems) * len(new.points))
+    sweep.bar.reset(total=runs_per_repeat(new) * new.repeats)
     return new
 
 
@@ -288,26 +346,32 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
     (plan.out_dir / "logs").mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {s.name: [] for s in plan.systems}
     doc: dict[str, Any] = {"config": {}, "results": results, "errors": {}, "processes_left": {}}
+    pairs = pairs_for(plan.systems) if plan.paired else []
+    halves = core_halves() if plan.paired else None
+    # paired: a server starts on the cores of its side in its first pair (re-pinned before each run)
+    home = {p[k].name: halves[k] for p in reversed(pairs) for k in (0, 1)} if halves else {}
     sweep = Sweep(plan, doc)
     try:
-        first = sweep.start(plan.systems[0])
+        first = sweep.start(plan.systems[0], home.get(plan.systems[0].name))
         if first is not None and plan.calibrate:
             plan = calibrate(sweep, first, tokenizer, t_start)
+            pairs = pairs_for(plan.systems) if plan.paired else []  # ours' flags now carry the calibrated SLOs
         doc["config"] = describe(plan, prepare_files(plan, tokenizer))
-        doc["config"]["order"] = plan.options.order
-        if plan.interleaved:
+        doc["config"] |= {"order": "paired" if plan.paired else plan.options.order, "repeats": plan.repeats,
+                          "pairs": [[a.name, b.name] for a, b in pairs],
+                          "core_halves": [sorted(h) for h in halves] if halves else None}
+        if plan.paired or plan.interleaved:
             for spec in plan.systems[1:]:
-                sweep.start(spec)
-            for i, pt in enumerate(plan.points):
-                for spec in (plan.systems if i % 2 == 0 else plan.systems[::-1]):
-                    sweep.run(spec, i, pt)
-        else:
-            for k, spec in enumerate(plan.systems):
-                if k > 0:
-                    sweep.start(spec)
-                for i, pt in enumerate(plan.points):
-                    sweep.run(spec, i, pt)
-                sweep.stop(spec)
+                sweep.start(spec, home.get(spec.name))
+        for k in range(plan.repeats):
+            rplan = for_repeat(plan, k, tokenizer)
+            if k > 0:
+                prepare_files(rplan, tokenizer)
+                doc["config"].setdefault("repeat_runs", []).append(
+                    {"repeat": k, "seed": rplan.seed, "dir": rplan.out_dir.name,
+                     "points": [{"label": pt.label, "rate": pt.rate, "offered_rate": offered_rate(pt.arrivals)}
+                                for pt in rplan.points]})
+            run_repeat(sweep, rplan, k, pairs, halves)
     finally:
         sweep.close()
     doc["wall_s"] = round(time.monotonic() - t_start, 1)
@@ -315,48 +379,50 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
     return doc
 
 
+def run_repeat(sweep: Sweep, plan: Plan, k: int, pairs: list[tuple[SystemSpec, SystemSpec]],
+               halves: tuple[frozenset[int], frozenset[int]] | None) -> None:
+    """One repeat of the sweep, in the plan's order."""
+    if halves is not None:
+        for i, pt in enumerate(plan.points):
+            cores = halves if (i + k) % 2 == 0 else (halves[1], halves[0])  # sides swap cores point to point
+            for pair in pairs:
+                sweep.run_pair(plan, i, pt, pair, cores)
+    elif plan.interleaved:
+        for i, pt in enumerate(plan.points):
+            for spec in (plan.systems if (i + k) % 2 == 0 else plan.systems[::-1]):
+                sweep.run(plan, spec, i, pt)
+    else:
+        for spec in plan.systems:
+            if spec.name not in sweep.servers and spec.name not in sweep.failed:
+                sweep.start(spec)
+            for i, pt in enumerate(plan.points):
+                sweep.run(plan, spec, i, pt)
+            sweep.stop(spec)
+
+
+def multi_run(plan: Plan) -> bool:
+    """Several runs per system and rate (repeats, or ours beside each baseline): pooled reports."""
+    return plan.paired or plan.repeats > 1
+
+
 def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
-    names = list(results)
     twin = noise_twin_name("sglang")
-    if plan.noise and "sglang" in results and twin in results:
-        doc["noise_band"] = noise_band(results, "sglang", twin)
-    if "sglang" in results and "superinfer" in results:
-        doc["targets"] = check_targets(results, "sglang", "superinfer")
+    if multi_run(plan):
+        pairs = [(a.name, b.name) for a, b in pairs_for(plan.systems)]
+        doc["comparisons"] = comparisons(results, pairs)
+    else:
+        if plan.noise and "sglang" in results and twin in results:
+            doc["noise_band"] = noise_band(results, "sglang", twin)
+        if "sglang" in results and "superinfer" in results:
+            doc["targets"] = check_targets(results, "sglang", "superinfer")
     save(plan, doc)
     if results:
         title = f"{plan.profile.name} / {plan.workload}: {doc['config']['machine'].get('cpu', '')}"
-        plot(results, plan.out_dir / "attainment.png", title)
-    (plan.out_dir / "table.md").write_text(render_markdown(plan, doc))
-
-
-def render_markdown(plan: Plan, doc: dict[str, Any]) -> str:
-    cfg = doc["config"]
-    results = {k: v for k, v in doc["results"].items() if v}
-    lines = [f"# A/B: {cfg['profile']} profile, {cfg['workload']} workload ({cfg['date_utc']})", "",
-             f"command: `{' '.join(cfg['argv'])}`", "",
-             f"SLO default TTFT {cfg['slo_default']['ttft_ms']:g} ms / TBT {cfg['slo_default']['tbt_ms']:g} ms; "
-             f"KV budget {cfg['kv_tokens']} tokens; chunked prefill {cfg['chunked_prefill']}; "
-             f"{cfg['num_requests']} requests per point; order {cfg.get('order')}; wall {doc.get('wall_s', 0):.0f} s", ""]
-    cal = doc.get("calibration")
-    if cal:
-        steps = ", ".join(f"batch {b}: {ms:.0f} ms" for b, ms in cal["speed"]["steps_ms"])
-        lines += [f"Calibrated on {cal['probe_server']}: decode step {steps}; prefill "
-                  f"{cal['speed']['prefill_ms_per_token']:.1f} ms/prompt token; memory-bound batch {cal['batch']:.1f} "
-                  f"-> step {cal['step_ms']:.0f} ms; capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
-    loads = [l for pts in results.values() for p in pts for l in p.get("loadavg_1m", [])]
-    if loads:
-        lines += [f"1-minute load average during the runs (2 cores): {min(loads):.1f} .. {max(loads):.1f}", ""]
-    if results:
-        lines += [markdown_table(results)]
-    if "targets" in doc:
-        lines += ["Targets:", targets_markdown(doc["targets"])]
-    if "noise_band" in doc:
-        lines += ["Noise (largest |A-B| over rates; attainment in points):",
-                  ", ".join(f"{k} {v:.2f}" for k, v in doc["noise_band"].items()), ""]
-    if doc["errors"]:
-        lines += ["Errors:", *(f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in doc["errors"].items()), ""]
-    return "\n".join(lines) + "\n"
+        if multi_run(plan):
+            title += f" (pooled over {plan.repeats} repeat(s){', paired' if plan.paired else ''})"
+        plot(pooled_results(results) if multi_run(plan) else results, plan.out_dir / "attainment.png", title)
+    (plan.out_dir / "table.md").write_text(render_markdown(doc))
 
 
 def save(plan: Plan, doc: dict[str, Any]) -> None:

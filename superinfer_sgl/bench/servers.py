@@ -118,6 +118,7 @@ class ServerProcess:
     port: int
     proc: subprocess.Popen | None = None
     pids: set[int] = field(default_factory=set)
+    cores: frozenset[int] | None = None  # paired mode: the cores this server (and its threads) may use
 
     @property
     def url(self) -> str:
@@ -135,7 +136,7 @@ class ServerProcess:
             log.write("$ " + " ".join(self.cmd) + "\n")
             log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=child_setup(self.cores))
         _LIVE.add(self)
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -154,6 +155,14 @@ class ServerProcess:
                 pass
             time.sleep(1.0)
         raise ServerError(f"{self.spec.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def pin(self, cores: frozenset[int]) -> None:
+        """Move every thread of the server's processes to `cores` (paired mode, between points)."""
+        from .paired import pin
+
+        self._track()
+        pin(self.pids, cores)
+        self.cores = cores
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -205,6 +214,17 @@ class ServerProcess:
         return id(self)
 
 
+def child_setup(cores: frozenset[int] | None = None):  # type: ignore[no-untyped-def]
+    """preexec_fn of a child: die with the harness, and keep to `cores` if given (inherited by
+    every process and thread the child starts)."""
+    def setup() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return setup
+
+
 def _die_with_parent() -> None:
     """Linux: SIGTERM the launcher if the harness dies without cleaning up (e.g. SIGKILL); SGLang
     then drains and takes its children down. Elsewhere a no-op."""
@@ -238,11 +258,15 @@ def _kill(pid: int) -> None:
 
 
 def launch(spec: SystemSpec, shared: list[str], log_path: Path, ready_timeout_s: float,
-           extra_env: dict[str, str] | None = None) -> ServerProcess:
+           extra_env: dict[str, str] | None = None, cores: frozenset[int] | None = None) -> ServerProcess:
+    """Start a server and wait until it generates. With `cores` it runs on those cores only, with
+    one OpenMP thread per core."""
     install_cleanup()
     port = free_port()
     env = environment(spec, shared, extra=extra_env)
-    server = ServerProcess(spec, command(spec, shared, port), env, log_path, port)
+    if cores:
+        env["OMP_NUM_THREADS"] = str(len(cores))
+    server = ServerProcess(spec, command(spec, shared, port), env, log_path, port, cores=cores)
     server.start()
     try:
         server.wait_ready(ready_timeout_s)

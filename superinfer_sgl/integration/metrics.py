@@ -27,8 +27,9 @@ class RotaSchedMetrics:
                                       multiprocess_mode="livesum")
         self.host_blocks_total = Gauge("superinfer_host_pool_blocks_total", "Host rotary blocks",
                                        multiprocess_mode="livesum")
-        self.slo_requests = Counter("superinfer_slo_requests", "Finished requests by SLO outcome",
-                                    ["slo_class", "slo", "outcome"])
+        self.slo_requests = Counter("superinfer_slo_requests",
+                                    "Finished requests by SLO class and outcome (slo: ttft, tbt, joint = both; "
+                                    "attainment = met / (met + missed))", ["slo_class", "slo", "outcome"])
         self.aborted_rotary = Counter("superinfer_aborted_rotary", "Requests aborted while rotary")
         self.kv_checks = Counter("superinfer_kv_verify", "Rotation KV byte checks (debug)", ["outcome"])
         self.duplex_steps = Counter("superinfer_duplex_steps",
@@ -62,7 +63,8 @@ class RotaSchedMetrics:
 
     def finished(self, slo_class: str | None, ttft_met: bool | None, tbt_met: bool | None) -> None:
         cls = slo_class or "default"
-        for slo, met in (("ttft", ttft_met), ("tbt", tbt_met)):
+        joint = None if ttft_met is None or tbt_met is None else ttft_met and tbt_met
+        for slo, met in (("ttft", ttft_met), ("tbt", tbt_met), ("joint", joint)):
             if met is not None:
                 self.slo_requests.labels(cls, slo, "met" if met else "missed").inc()
 

@@ -94,6 +94,7 @@ class RotaSchedRuntime:
         self.resume_locks: dict[str, Any] = {}
         self.stats = RotationStats()
         self.iteration = 0
+        self._decision = Decision()  # the last step's decision (its prefill cap sizes the next chunk)
         self.rotate_every = int(os.environ.get(TEST_ROTATE_INTERVAL_ENV, "0") or 0)
         self.hold_rotary = int(os.environ.get(TEST_HOLD_ROTARY_ENV, "0") or 0)
         self.verify = os.environ.get(VERIFY_ENV) == "1"
@@ -204,6 +205,7 @@ class RotaSchedRuntime:
             self._eager_sync(live, running_batch)
         views, by_rid = self._views(running_batch, live, now)
         decision = self.sync.decide(lambda: self._decide(views, running_batch, now))
+        self._decision = decision
         self.stats.decisions += 1
         self.stats.contended_decisions += decision.contention
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
@@ -259,9 +261,13 @@ class RotaSchedRuntime:
         """Let SGLang's PrefillAdder see only LVF's admissions, in LVF's order; keep the rest."""
         before = list(sched.waiting_queue)
         sched.waiting_queue = order
+        # goodput mode: this step's chunk size, lowered so the step keeps tight TBT SLOs
+        configured = sched.chunked_prefill_size
+        sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision)
         try:
             plan = original(sched, running_batch)
         finally:
+            sched.chunked_prefill_size = configured
             after = sched.waiting_queue
             kept = {id(r) for r in after}
             offered = {id(r) for r in order}

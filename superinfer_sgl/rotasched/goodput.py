@@ -15,7 +15,8 @@ but ranks by what a request can still gain:
 Within a tier, LVF's order by VLT, scaled by the SLO class's weight. Rotate-out victims are only
 requests that can no longer meet their SLOs (rotating one out costs goodput nothing), and only
 when the stall the rotation adds to the step keeps every running request with no gap to spare
-within its TBT SLO.
+within its TBT SLO. Likewise prefill: an iteration carries at most as many prefill tokens as keep
+that step within the TBT SLO of every such request (`prefill_cap`: stall-free chunking).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 PAPER_QUANTUM_S = 5.0  # the paper policy's rotation quantum (docs/sim.md: best of 0-20 s there)
 ROTATION_AMORTIZE = 20
+MIN_PREFILL_CHUNK = 64  # tokens: the prefill cap never goes below this, so prefills always progress
 POLICIES = ("goodput", "paper")
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
 
@@ -115,3 +117,17 @@ def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
     gap to spare within its TBT SLO."""
     gap = costs.decode_step_s + costs.rotation_s
     return all(gap <= v.tbt_slo for v in running if v.misses_left == 0 and not lost(v))
+
+
+def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
+    """Prefill tokens one iteration may carry so that the step (one decode step plus the prefill)
+    stays within the TBT SLO of every viable running request with no gap left to miss; None when
+    no such request runs (the configured chunk size stands). A mixed step's prefill makes every
+    running request's next gap; without the cap one 512-token chunk on a CPU costs ~0.9 s, i.e.
+    a missed gap for the whole batch. At least MIN_PREFILL_CHUNK."""
+    tight = [v.tbt_slo for v in views
+             if v.state is _RUNNING and v.ttft_met is True and v.misses_left == 0]
+    if not tight or costs.prefill_s_per_token <= 0:
+        return None
+    room = min(tight) - costs.decode_step_s - costs.prefill_base_s
+    return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))

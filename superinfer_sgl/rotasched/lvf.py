@@ -33,6 +33,9 @@ class Decision:
     # The urgent (VLT > 0) request the scan stopped at: it did not fit, and nobody ranked below it
     # may take the memory it waits for. The executor offers nobody else outside LVF's choices.
     blocked: str | None = None
+    # Goodput mode: the most prefill tokens this iteration may carry (the executor's chunk size
+    # for this step, if smaller than the configured one); None: the configured chunk size.
+    prefill_cap: int | None = None
 
     def __post_init__(self) -> None:
         moved = self.admit + self.resume + self.rotate_out

@@ -7,10 +7,11 @@ call `plan_step` and `admission_order`; the rules below exist nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
-from superinfer_sgl.rotasched.goodput import GoodputParams
+from superinfer_sgl.rotasched.goodput import GoodputParams, prefill_cap
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
 from superinfer_sgl.rotasched.state import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
@@ -41,11 +42,24 @@ def blocks(tokens: float, block_tokens: int) -> int:
 
 def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
               params: VltParams, goodput: GoodputParams | None, chunked_active: bool) -> Decision:
-    """LVF's decision, plus the idle resume when no chunked prefill is making progress."""
+    """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus (goodput
+    mode) the prefill cap of this step."""
     decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput)
-    if chunked_active:
-        return decision
-    return idle_resume(decision, views, now, params)
+    if not chunked_active:
+        decision = idle_resume(decision, views, now, params)
+    if goodput is not None:
+        cap = prefill_cap(list(views), goodput.costs)
+        if cap is not None:
+            decision = dataclasses.replace(decision, prefill_cap=cap)
+    return decision
+
+
+def chunk_tokens(configured: int | None, decision: Decision) -> int | None:
+    """The chunked-prefill size of this step: the configured one, lowered to the decision's cap.
+    None or <= 0 configured (chunking off) stays as it is: a prompt cannot be split then."""
+    if configured is None or configured <= 0 or decision.prefill_cap is None:
+        return configured
+    return min(configured, decision.prefill_cap)
 
 
 def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: Decision) -> list[str]:

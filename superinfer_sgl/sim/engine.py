@@ -137,7 +137,7 @@ class Simulator:
         self._out = self._in = 0.0
         plan = self.policy.plan(self)
         self._apply(plan)
-        batch = self._admit(plan.admit)
+        batch = self._admit(plan.admit, plan.chunk_tokens)
         tokens, pairs, restored = self._prefill(batch) if batch else (0, 0.0, 0)
         decoding = self._decode() if not batch or self.config.mixed_chunk else []
         if batch and decoding:
@@ -275,13 +275,13 @@ class Simulator:
         r.alloc = new
         assert self.used <= self.capacity, f"{r.rid}: device KV over capacity ({self.used})"
 
-    def _admit(self, offered: list[SimReq]) -> list[tuple[SimReq, int]]:
+    def _admit(self, offered: list[SimReq], step_chunk: int | None = None) -> list[tuple[SimReq, int]]:
         """SGLang's PrefillAdder: the chunked request first, then `offered` in order; stop at the
         first request that does not fit in memory (FCFS head-of-line), chunk the one that
-        overflows the chunk budget."""
+        overflows the chunk budget (the server's chunk size, or the policy's for this step)."""
         pol, server = self.policy, self.profile.server
         room = pol.admission_room(self)
-        chunk = server.chunked_prefill_tokens if pol.chunked_prefill else None
+        chunk = (step_chunk or server.chunked_prefill_tokens) if pol.chunked_prefill else None
         budget = pol.max_prefill_tokens(self)
         slots = pol.max_running(self) - len(self.running)
         batch: list[tuple[SimReq, int]] = []

@@ -143,10 +143,15 @@ def chat_ids(tok: object, messages: list[dict]) -> list[int]:
 
 
 def ab_points(doc: dict) -> list[AbPoint]:
+    """One point per system and rate: repeat 0's (its files are the ones beside ab.json) and, in
+    paired mode where ours ran beside each baseline, its first run."""
     labels = [p["label"] for p in doc["config"]["points"]]
-    out = []
+    out, seen = [], set()
     for system, pts in doc["results"].items():
         for p in pts:
+            if p.get("repeat", 0) != 0 or (system, p["rate"]) in seen:
+                continue
+            seen.add((system, p["rate"]))
             out.append(AbPoint(system, float(p["rate"]), labels.index(p["label"]), p["summary"]))
     return out
 
@@ -301,7 +306,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
             continue
         if policy == AS_SERVED:
             policy = served_policy(cfg, pt.system)
-        point = next((p for p in results[pt.system] if p["rate"] == pt.rate), {})
+        point = next((p for p in results[pt.system] if p["rate"] == pt.rate and p.get("repeat", 0) == 0), {})
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else
         # to the A/B's opening probe
@@ -347,10 +352,11 @@ def twin_agreement(doc: dict) -> dict[float, dict]:
     twin = next((k for k in results if k.startswith("sglang#")), None)
     if twin is None or "sglang" not in results:
         return {}
-    base = {p["rate"]: p["summary"] for p in results["sglang"]}
+    base = {p["rate"]: p["summary"] for p in results["sglang"] if p.get("repeat", 0) == 0
+            and p.get("paired_with") in (None, twin)}
     out = {}
     for p in results[twin]:
-        if p["rate"] not in base:
+        if p["rate"] not in base or p.get("repeat", 0) != 0:
             continue
         a, b = _measured(base[p["rate"]]), _measured(p["summary"])
         if None in (a["ttft_attainment"], b["ttft_attainment"], a["joint_attainment"], b["joint_attainment"]):

@@ -154,3 +154,70 @@ def test_no_process_left(smoke: tuple[dict, Path]) -> None:
         if p.pid in pids or str(out) in cmd or any(port in cmd for port in ports):
             mine.append((p.pid, cmd[:120]))
     assert not mine, mine
+
+
+# ---- paired mode: both systems at once, one core each, two repeats -----------------------------
+@pytest.fixture(scope="module")
+def paired(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("paired mode needs 2 cores")
+    out = tmp_path_factory.mktemp("ab_paired")
+    log = out / "ab_bench.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "ab_bench.py"), "--profile", "smoke",
+                                 "--paired", "--repeats", "2", "--out", str(out)],
+                                stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=2400)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    assert rc == 0, log.read_text()[-4000:]
+    return json.loads((out / "ab.json").read_text()), out
+
+
+def test_paired_runs_side_by_side_on_separate_cores(paired: tuple[dict, Path]) -> None:
+    doc, out = paired
+    assert doc["config"]["order"] == "paired" and doc["config"]["pairs"] == [["sglang", "superinfer"]]
+    a, b = doc["results"]["sglang"], doc["results"]["superinfer"]
+    assert len(a) == len(b) == 2 * len(doc["config"]["points"]) and not doc["errors"]
+    for pa, pb in zip(a, b):
+        assert (pa["repeat"], pa["rate"], pa["paired_with"]) == (pb["repeat"], pb["rate"], "superinfer")
+        assert pb["paired_with"] == "sglang" and set(pa["cores"]).isdisjoint(pb["cores"])
+        assert all(pa["requests"]["success"]) and all(pb["requests"]["success"])
+        assert pa["requests"]["output_len"] == pb["requests"]["output_len"]  # the same requests
+        # started together: the two load generators' windows overlap almost entirely
+        (a0, a1), (b0, b1) = pa["window_unix"], pb["window_unix"]
+        assert abs(a0 - b0) < 2.0 and min(a1, b1) > max(a0, b0)
+    # repeat 1 drew new requests and arrivals from seed + 1, under the same rates
+    assert [p["seed"] for p in a] == [1, 1, 2, 2]
+    assert (out / "repeat1" / "dataset.jsonl").read_text() != (out / "dataset.jsonl").read_text()
+    # the sides swapped cores from point to point
+    assert a[0]["cores"] != a[1]["cores"]
+
+
+def test_paired_report_has_intervals_and_a_verdict(paired: tuple[dict, Path]) -> None:
+    doc, out = paired
+    comps = doc["comparisons"]
+    assert [(c["a"], c["b"], c["repeats"]) for c in comps] == [("sglang", "superinfer", [0, 1])] * len(comps)
+    for c in comps:
+        j = c["diffs"]["joint_attainment"]
+        assert j["request_ci"][0] <= j["estimate"] <= j["request_ci"][1]
+        assert j["repeat_ci"] is not None and len(j["per_repeat"]) == 2
+    table = (out / "table.md").read_text()
+    assert "Verdict (superinfer - sglang" in table and "request CI" in table
+
+
+def test_paired_no_process_left_and_step_logs(paired: tuple[dict, Path]) -> None:
+    doc, out = paired
+    assert set(doc["processes_left"]) == {"sglang", "superinfer"}
+    assert all(not left for left in doc["processes_left"].values()), doc["processes_left"]
+    alive = [p for p in (doc["servers"][s]["pids"] for s in doc["servers"]) for p in p if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, alive
+    for system in ("sglang", "superinfer"):
+        assert (out / "logs" / f"{system}.steps.jsonl").stat().st_size > 0  # each server's own log

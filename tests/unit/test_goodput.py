@@ -142,3 +142,23 @@ def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> No
     assert admission_order(["a", "b", "c", "x"], ["x", "r"], d) == ["x", "r", "c", "a", "b"]
     blocked = Decision(admit=("c",), blocked="b")
     assert admission_order(["a", "b", "c", "d"], [], blocked) == ["c", "b"]
+
+
+def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
+    from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, prefill_cap
+    from superinfer_sgl.rotasched.planner import chunk_tokens, plan_step
+
+    # 20 ms decode step, 1 ms per prefill token: a 100 ms TBT leaves room for 80 prefill tokens.
+    tight = running("t", 1.0, misses_left=0, tbt=0.1)
+    assert prefill_cap([tight, waiting("w", 0.1)], COSTS) == 80
+    # gaps to spare, a lost request, or nothing running: no cap (the configured chunk stands)
+    assert prefill_cap([running("s", 1.0, misses_left=2)], COSTS) is None
+    assert prefill_cap([running("l", 1.0, misses_left=0, ttft_met=False)], COSTS) is None
+    assert prefill_cap([waiting("w", 0.1)], COSTS) is None
+    # a TBT the decode step alone breaks still lets prefills progress
+    assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.01)], COSTS) == MIN_PREFILL_CHUNK
+    # the planner carries it in the decision (goodput only); the executor's chunk is the lower one
+    d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GP, False)
+    assert d.prefill_cap == 80 and chunk_tokens(512, d) == 80 and chunk_tokens(64, d) == 64
+    assert chunk_tokens(None, d) is None and chunk_tokens(-1, d) == -1  # chunking off: nothing to cap
+    assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, None, False).prefill_cap is None

@@ -11,7 +11,7 @@ from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
 from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
-from superinfer_sgl.rotasched import DEFAULT_CLASSES, Slo, SloClasses, VltParams
+from superinfer_sgl.rotasched import DEFAULT_CLASSES, Decision, Slo, SloClasses, VltParams
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import StepCosts
 from superinfer_sgl.rotasched.planner import rotation_budget
@@ -77,7 +77,9 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt.verify, rt.digests, rt.metrics = False, {}, None
     rt.engine = FakeEngine()  # type: ignore[assignment]
     requeued: list[FakeReq] = []
+    rt._decision = Decision()
     rt.sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
+                               chunked_prefill_size=512,
                                _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
     return rt
 
@@ -114,6 +116,20 @@ def test_admit_in_order_offers_only_chosen_and_keeps_the_rest() -> None:
     assert rt._admit_in_order(original, rt.sched, FakeBatch([]), [w[2], w[0]]) == "plan"
     assert [r.rid for r in rt.sched.waiting_queue] == ["a", "b", "d", "late"]
     assert rt.sched.tree_cache.unlocked == ["lock-c"] and "c" not in rt.resume_locks
+
+
+def test_the_decisions_prefill_cap_is_the_steps_chunk_size() -> None:
+    rt = make_runtime(waiting=[FakeReq("a")])
+    seen: list[int] = []
+
+    def original(sched: Any, running_batch: Any) -> None:
+        seen.append(sched.chunked_prefill_size)
+
+    rt._decision = Decision(prefill_cap=96)
+    rt._admit_in_order(original, rt.sched, FakeBatch([]), [])
+    rt._decision = Decision(prefill_cap=4096)  # above the configured size: the configured one
+    rt._admit_in_order(original, rt.sched, FakeBatch([]), [])
+    assert seen == [96, 512] and rt.sched.chunked_prefill_size == 512  # restored after the step
 
 
 def test_slo_from_custom_params_and_bad_values_fall_back() -> None:

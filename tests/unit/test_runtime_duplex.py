@@ -123,7 +123,7 @@ class Harness:
         self.sched = SimpleNamespace(
             req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((8, 256), dtype=torch.int32)),
             token_to_kv_pool_allocator=self.alloc, tree_cache=self.tree, waiting_queue=[],
-            chunked_req=None, last_batch=None, max_total_num_tokens=pool,
+            chunked_req=None, last_batch=None, max_total_num_tokens=pool, chunked_prefill_size=None,
             _add_request_to_queue=lambda r, is_retracted=False: self.requeued.append(r),
         )
         import sglang.srt.managers.schedule_batch as sb

@@ -25,6 +25,7 @@ class Plan:
     resume: list[SimReq] = field(default_factory=list)  # ROTARY -> device
     retract: list[SimReq] = field(default_factory=list)  # RUNNING -> WAITING, recomputed later
     sched_s: float = 0.0  # CPU time of the decision, added to the iteration
+    chunk_tokens: int | None = None  # this step's chunked-prefill size, if lower than the server's
 
 
 @dataclass(frozen=True, slots=True)

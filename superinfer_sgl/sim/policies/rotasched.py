@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
-from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, admission_order, plan_step, reserve_tokens
+from superinfer_sgl.rotasched.planner import (
+    CLIP_MAX_NEW_TOKENS,
+    admission_order,
+    chunk_tokens,
+    plan_step,
+    reserve_tokens,
+)
 from superinfer_sgl.sim.policies.base import Plan, Policy
 from superinfer_sgl.sim.request import SimReq
 
@@ -56,7 +62,8 @@ class RotaSched(Policy):
         restored = [r.spec.rid for r in sim.waiting if r.restored] + list(d.resume)
         order = admission_order([r.spec.rid for r in sim.waiting], restored, d)
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
-        return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched)
+        return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched,
+                    chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d))
 
     def _quantum(self, sim: Simulator) -> float:
         """The rotation quantum: the configured one, else the server's default for this mode."""
