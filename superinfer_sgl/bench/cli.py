@@ -77,6 +77,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--our-args", default="", help="extra flags for our server only (one string)")
     p.add_argument("--out", type=Path, help="output folder (default: results/ab_<profile>_<workload>)")
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
+    p.add_argument("--report", type=Path, metavar="DIR",
+                   help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")
     return p
 
 
@@ -101,6 +103,12 @@ def dry_run(plan, tokenizer) -> None:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
+    if a.report:
+        from .runner import rereport
+
+        rereport(a.report)
+        print((a.report / "table.md").read_text())
+        return 0
     if a.repeats < 1:
         print("ab_bench: error: --repeats must be >= 1", file=sys.stderr)
         return 2

@@ -105,8 +105,12 @@ def run_client(args: list[str], schedule: Path, log_path: Path, out_file: Path,
     start = time.monotonic()
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        if cores:  # pinned from here, not in a preexec_fn: two harness threads start clients at once
+            try:
+                os.sched_setaffinity(proc.pid, cores)  # before its interpreter starts any thread
+            except OSError:
+                pass  # already exited: its output says why
         watchdog = threading.Timer(timeout_s, proc.kill)  # a hung run must not hang the sweep
         watchdog.start()
         try:

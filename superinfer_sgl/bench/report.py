@@ -242,14 +242,29 @@ def comparisons_markdown(comps: Sequence[Mapping[str, Any]]) -> str:
 
 
 def verdict_line(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rates where every interval excludes zero, then those where only the request-level one does
+    (a difference that held pooled over requests but whose size moved from repeat to repeat)."""
     a, b = rows[0]["a"], rows[0]["b"]
-    up = [c["rate"] for c in rows if c["diffs"]["joint_attainment"]["excludes_null"]
-          and c["diffs"]["joint_attainment"]["estimate"] > 0]
-    down = [c["rate"] for c in rows if c["diffs"]["joint_attainment"]["excludes_null"]
-            and c["diffs"]["joint_attainment"]["estimate"] < 0]
+    joint = [(c["rate"], c["diffs"]["joint_attainment"]) for c in rows]
+
+    def side(d: Mapping[str, Any], sign: int) -> bool:
+        return sign * d["estimate"] > 0
+
+    def req_only(d: Mapping[str, Any]) -> bool:
+        ci = d["request_ci"]
+        return not d["excludes_null"] and ci is not None and (ci[0] > 0 or ci[1] < 0)
+
     fmt = lambda rs: ", ".join(f"{r:g} req/s" for r in rs) or "no rate"  # noqa: E731
-    return (f"Verdict ({b} - {a}, joint attainment, rates where every interval excludes zero): {b} ahead at "
-            f"{fmt(up)}; behind at {fmt(down)}; not distinguishable at the other rates.")
+    up = [r for r, d in joint if d["excludes_null"] and side(d, 1)]
+    down = [r for r, d in joint if d["excludes_null"] and side(d, -1)]
+    up_req = [r for r, d in joint if req_only(d) and side(d, 1)]
+    down_req = [r for r, d in joint if req_only(d) and side(d, -1)]
+    line = (f"Verdict ({b} - {a}, joint attainment): every interval excludes zero: {b} ahead at {fmt(up)}, "
+            f"behind at {fmt(down)}. Request-level interval only (the repeat interval still spans zero): "
+            f"ahead at {fmt(up_req)}, behind at {fmt(down_req)}. Not distinguishable at the other rates.")
+    if all(d["repeat_ci"] is None for _, d in joint):
+        line += " (No repeat interval: one repeat, or repeats that agreed exactly; the verdict rests on requests alone.)"
+    return line
 
 
 def pooled_markdown(results: Results) -> str:

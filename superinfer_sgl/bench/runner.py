@@ -280,6 +280,9 @@ class Sweep:
             th.start()
         for th in threads:
             th.join()
+        if got == [None, None]:  # the barrier timed out: neither side ran; say so, do not drop it silently
+            self.doc["errors"][f"{pair[0].name} | {pair[1].name} @ {pt.label} (repeat {plan.repeat})"] = \
+                "paired run skipped: the two sides did not both reach the start within the timeout"
         for spec, res in zip(pair, got):
             if isinstance(res, (ClientError, ServerError)):
                 self.fail(spec, res)
@@ -400,6 +403,29 @@ def run_repeat(sweep: Sweep, plan: Plan, k: int, pairs: list[tuple[SystemSpec, S
             sweep.stop(spec)
 
 
+def rereport(out_dir: Path) -> dict[str, Any]:
+    """Recompute the differences, table.md and (runs with repeats or pairs) the pooled plot of a
+    finished run from its ab.json (the statistics or the report changed; no server is started)."""
+    doc = json.loads((out_dir / "ab.json").read_text())
+    results = {k: v for k, v in doc["results"].items() if v}
+    cfg = doc["config"]
+    pairs = [tuple(p) for p in cfg.get("pairs") or ()]
+    if pairs or cfg.get("repeats", 1) > 1:
+        if not pairs:
+            names = [n for n in ("sglang", "sglang-priority") if n in results]
+            pairs = [(n, "superinfer") for n in names if "superinfer" in results]
+            pairs += [("sglang", n) for n in results if n.startswith("sglang#")]
+        doc["comparisons"] = comparisons(results, pairs)
+        title = f"{cfg['profile']} / {cfg['workload']}: {cfg['machine'].get('cpu', '')} (pooled over " \
+                f"{cfg.get('repeats', 1)} repeat(s){', paired' if cfg.get('pairs') else ''})"
+        plot(pooled_results(results), out_dir / "attainment.png", title)
+    tmp = out_dir / "ab.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(out_dir / "ab.json")
+    (out_dir / "table.md").write_text(render_markdown(doc))
+    return doc
+
+
 def multi_run(plan: Plan) -> bool:
     """Several runs per system and rate (repeats, or ours beside each baseline): pooled reports."""
     return plan.paired or plan.repeats > 1
@@ -409,7 +435,10 @@ def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
     twin = noise_twin_name("sglang")
     if multi_run(plan):
-        pairs = [(a.name, b.name) for a, b in pairs_for(plan.systems)]
+        try:
+            pairs = [(a.name, b.name) for a, b in pairs_for(plan.systems)]
+        except ValueError:  # one system repeated: pooled figures only, nothing to compare
+            pairs = []
         doc["comparisons"] = comparisons(results, pairs)
     else:
         if plan.noise and "sglang" in results and twin in results:

@@ -266,6 +266,10 @@ def launch(spec: SystemSpec, shared: list[str], log_path: Path, ready_timeout_s:
     env = environment(spec, shared, extra=extra_env)
     if cores:
         env["OMP_NUM_THREADS"] = str(len(cores))
+        # where SGLang binds its OpenMP threads itself (AMX / arm64 CPUs), to these cores only
+        lo, hi = min(cores), max(cores)
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = f"{lo}-{hi}" if len(cores) == hi - lo + 1 else \
+            ",".join(str(c) for c in sorted(cores))
     server = ServerProcess(spec, command(spec, shared, port), env, log_path, port, cores=cores)
     server.start()
     try:

@@ -253,18 +253,23 @@ class RotaSchedRuntime:
         if mode.is_decode():
             self.meter.observe_decode(now - start)
         elif mode.is_extend():
-            tokens = sum(int(getattr(r, "extend_input_len", 0) or 0) for r in last.reqs)
-            self.meter.observe_prefill(tokens, now - start)
+            # A mixed step also decoded its running requests (one token each, counted in
+            # extend_num_tokens): the prefill's share is the time beyond one decode step.
+            rows = len(getattr(last, "decoding_reqs", None) or []) if mode.is_mixed() else 0
+            tokens = int(getattr(last, "extend_num_tokens", 0) or 0) - rows
+            decode = self.meter.costs.decode_step_s if rows else 0.0
+            self.meter.observe_prefill(tokens, now - start - decode)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:
         """Let SGLang's PrefillAdder see only LVF's admissions, in LVF's order; keep the rest."""
         before = list(sched.waiting_queue)
-        sched.waiting_queue = order
-        # goodput mode: this step's chunk size, lowered so the step keeps tight TBT SLOs
         configured = sched.chunked_prefill_size
-        sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision)
         try:
+            sched.waiting_queue = order
+            # goodput mode: this step's chunk size, lowered so the step keeps tight TBT SLOs
+            rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
+            sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
             plan = original(sched, running_batch)
         finally:
             sched.chunked_prefill_size = configured

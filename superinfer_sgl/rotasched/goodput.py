@@ -40,8 +40,8 @@ class StepCosts:
     """What the server measured its steps to cost, in seconds (`CostMeter` keeps them current)."""
 
     prefill_s_per_token: float  # marginal prefill time per computed token
-    prefill_base_s: float  # a prefill iteration's fixed time
-    decode_step_s: float  # one decode iteration of the current batch
+    prefill_base_s: float  # a prefill's fixed time on top of the decode step it rides with (mixed chunk)
+    decode_step_s: float  # one decode iteration of the current batch (its fixed time included)
     rotation_s: float  # the server's extra time for one rotation (out and back), beyond its copies
 
     def __post_init__(self) -> None:

@@ -54,12 +54,15 @@ def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, no
     return decision
 
 
-def chunk_tokens(configured: int | None, decision: Decision) -> int | None:
-    """The chunked-prefill size of this step: the configured one, lowered to the decision's cap.
-    None or <= 0 configured (chunking off) stays as it is: a prompt cannot be split then."""
+def chunk_tokens(configured: int | None, decision: Decision, mixed_rows: int = 0) -> int | None:
+    """The chunked-prefill size of this step: the configured one, lowered so that the step carries
+    at most the decision's cap of prefill tokens. SGLang's PrefillAdder charges a mixed step's
+    decode rows (one token per running request) to the same budget, so they are added back
+    (`mixed_rows`; the simulator does not charge them: 0). None or <= 0 configured (chunking off)
+    stays as it is: a prompt cannot be split then."""
     if configured is None or configured <= 0 or decision.prefill_cap is None:
         return configured
-    return min(configured, decision.prefill_cap)
+    return min(configured, decision.prefill_cap + max(0, mixed_rows))
 
 
 def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: Decision) -> list[str]:

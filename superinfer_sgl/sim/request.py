@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from superinfer_sgl.rotasched.slo import Slo
+from superinfer_sgl.rotasched.state import ReqView
 from superinfer_sgl.rotasched.timing import ReqClock
 from superinfer_sgl.sim.workload import RequestSpec
 
@@ -39,7 +40,7 @@ class SimReq:
     restored: bool = False  # resumed into the radix tree, waiting for its one-token re-admission
     rotations: int = 0
     recomputes: int = 0
-    view: object = None  # a policy's cached view of it; the engine clears it on every move
+    view: ReqView | None = None  # a policy's cached view of it; the engine clears it on every move
     slo_s: tuple[float, float] = (0.0, 0.0)  # (clock.slo.ttft_s, clock.slo.tbt_s), read once
 
     @property

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +38,11 @@ def test_pairs_put_ours_beside_every_baseline_and_stock_beside_its_twin() -> Non
 def test_pin_moves_every_thread_of_a_process() -> None:
     a, b = core_halves()
     assert a and b and not (a & b)
-    code = "import threading, time\n[threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]\ntime.sleep(30)"
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    code = ("import threading, time\n[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() "
+            "for _ in range(3)]\nprint('ready', flush=True)\ntime.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"  # its threads exist
         assert pin([proc.pid], b) >= 4  # the main thread and its three threads
         tids = os.listdir(f"/proc/{proc.pid}/task")
         assert all(os.sched_getaffinity(int(t)) == set(b) for t in tids)
@@ -68,6 +68,7 @@ def test_a_clear_gain_excludes_zero_and_equal_runs_do_not() -> None:
     assert 35 < d.estimate < 65 and d.excludes_null and d.request_ci[0] > 0 and d.repeat_ci[0] > 0
     same = compare_runs(a, a)["joint_attainment"]
     assert same.estimate == 0 and same.request_ci == (0.0, 0.0) and not same.excludes_null
+    assert same.repeat_ci is None  # repeats that agree exactly say nothing about the spread
 
 
 def test_repeat_interval_keeps_run_to_run_noise() -> None:
@@ -108,17 +109,17 @@ def test_interval_contains_the_estimate(xa: list[bool], xb: list[bool]) -> None:
 
 
 def test_reports_match_runs_by_repeat_and_partner() -> None:
-    rng = np.random.default_rng(1)
     results: dict[str, list[dict]] = {"sglang": [], "sglang-priority": [], "superinfer": []}
-    for k in range(2):
+    for k in range(2):  # the same gain in both repeats: no repeat interval, the request one decides
         for base in ("sglang", "sglang-priority"):
-            results[base].append({**_run(list(rng.random(50) < 0.2)), "rate": 1.0, "repeat": k, "paired_with": "superinfer"})
-            results["superinfer"].append({**_run(list(rng.random(50) < 0.9)), "rate": 1.0, "repeat": k, "paired_with": base})
+            results[base].append({**_run([True] * 10 + [False] * 40), "rate": 1.0, "repeat": k, "paired_with": "superinfer"})
+            results["superinfer"].append({**_run([True] * 45 + [False] * 5), "rate": 1.0, "repeat": k, "paired_with": base})
     comps = comparisons(results, [("sglang", "superinfer"), ("sglang-priority", "superinfer")])
     assert [(c["a"], c["b"], c["repeats"], c["n_per_system"]) for c in comps] == [
         ("sglang", "superinfer", [0, 1], 100), ("sglang-priority", "superinfer", [0, 1], 100)]
     md = comparisons_markdown(comps)
-    assert "Verdict (superinfer - sglang, joint attainment" in md and "ahead at 1 req/s;" in md
+    assert "Verdict (superinfer - sglang, joint attainment): every interval excludes zero: superinfer ahead at 1 req/s," in md
+    assert "the verdict rests on requests alone" in md
     assert "| 1 | superinfer | 4 | 200 |" in pooled_markdown(results)
 
 

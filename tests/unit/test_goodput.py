@@ -161,4 +161,7 @@ def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
     d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GP, False)
     assert d.prefill_cap == 80 and chunk_tokens(512, d) == 80 and chunk_tokens(64, d) == 64
     assert chunk_tokens(None, d) is None and chunk_tokens(-1, d) == -1  # chunking off: nothing to cap
+    # SGLang charges a mixed step's decode rows to the chunk budget: they are added back, so 100
+    # running requests still leave the step 80 prefill tokens (never a zero or negative chunk)
+    assert chunk_tokens(512, d, mixed_rows=100) == 180 and chunk_tokens(150, d, mixed_rows=100) == 150
     assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, None, False).prefill_cap is None

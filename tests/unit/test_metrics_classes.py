@@ -1,4 +1,6 @@
-"""Per-class SLO outcomes in /metrics: ttft, tbt and joint (both met), as the A/B harness counts them."""
+"""Per-class SLO outcomes in /metrics: ttft, tbt and joint (both met). One difference from the
+A/B harness's count: a request with a single output token has no TBT verdict here (no joint
+series), while the harness counts its empty gap list as met."""
 
 from __future__ import annotations
 

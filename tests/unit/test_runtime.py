@@ -129,7 +129,10 @@ def test_the_decisions_prefill_cap_is_the_steps_chunk_size() -> None:
     rt._admit_in_order(original, rt.sched, FakeBatch([]), [])
     rt._decision = Decision(prefill_cap=4096)  # above the configured size: the configured one
     rt._admit_in_order(original, rt.sched, FakeBatch([]), [])
-    assert seen == [96, 512] and rt.sched.chunked_prefill_size == 512  # restored after the step
+    rt.sched.is_mixed_chunk = True  # SGLang charges the 3 decode rows to the budget: added back
+    rt._decision = Decision(prefill_cap=96)
+    rt._admit_in_order(original, rt.sched, FakeBatch([FakeReq("r1"), FakeReq("r2"), FakeReq("r3")]), [])
+    assert seen == [96, 512, 99] and rt.sched.chunked_prefill_size == 512  # restored after the step
 
 
 def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
@@ -147,3 +150,14 @@ def test_default_budget_is_the_papers_capped_by_the_pool() -> None:
     assert rotation_budget(cfg.rotation_budget_blocks, 10_000_000, 16) == 2400
     assert rotation_budget(cfg.rotation_budget_blocks, 2048, 16) == 16  # 128 blocks of 16 tokens / 8
     assert rotation_budget(SuperInferConfig(rotation_budget_blocks=7).rotation_budget_blocks, 2048, 16) == 7
+
+
+def test_a_mixed_steps_prefill_cost_is_its_time_beyond_a_decode_step() -> None:
+    rt = make_runtime()
+    rt.meter = CostMeter(StepCosts(0.0, 0.0, 0.05, 0.0))
+    mixed = SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True, is_mixed=lambda: True)
+    # 100 prompt tokens plus 4 decode rows (SGLang counts both in extend_num_tokens), 0.25 s in all
+    rt.sched.last_batch = SimpleNamespace(forward_mode=mixed, extend_num_tokens=104, decoding_reqs=[0] * 4)
+    rt._last_step_t = 10.0
+    rt._measure_last_step(rt.sched, 10.25)
+    assert abs(rt.meter.costs.prefill_s_per_token - 0.20 / 100) < 1e-12

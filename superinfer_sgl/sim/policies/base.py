@@ -9,13 +9,43 @@ A decode step that runs out of device memory asks the policy for victims.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS
+from superinfer_sgl.sim.profile import Profile
 from superinfer_sgl.sim.request import SimReq
+from superinfer_sgl.sim.settings import SimConfig
 
-if TYPE_CHECKING:
-    from superinfer_sgl.sim.engine import Simulator
+
+class SimState(Protocol):
+    """What a policy may read of the simulated server (`engine.Simulator` is one). Read-only by
+    contract: a policy changes nothing here, its moves go through the Plan it returns."""
+
+    @property
+    def now(self) -> float: ...
+    @property
+    def iteration(self) -> int: ...
+    @property
+    def config(self) -> SimConfig: ...
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def reqs(self) -> list[SimReq]: ...  # every request of the run
+    @property
+    def running(self) -> list[SimReq]: ...
+    @property
+    def waiting(self) -> list[SimReq]: ...
+    @property
+    def rotary(self) -> dict[str, SimReq]: ...
+    @property
+    def chunked(self) -> SimReq | None: ...  # the request mid chunked prefill
+    @property
+    def capacity(self) -> int: ...  # device KV tokens
+    @property
+    def free_tokens(self) -> int: ...
+    @property
+    def new_token_ratio(self) -> float: ...
+    def page_round(self, tokens: int) -> int: ...
 
 
 @dataclass(slots=True)
@@ -45,36 +75,36 @@ class Policy:
     prefix_cache = True  # SGLang's radix cache reuses shared prompt prefixes; vLLM V0's default does not
     retract_to_front = False  # SGLang re-queues a retracted request at the back; vLLM at the front
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         raise NotImplementedError
 
     # ---- admission (SGLang PrefillAdder, conservative) ----------------------------------------
-    def reserve(self, sim: Simulator, r: SimReq) -> float:
+    def reserve(self, sim: SimState, r: SimReq) -> float:
         """Decode tokens kept back for a running request (ratio 1 with ignore_eos)."""
         left = r.spec.output_tokens - r.outputs  # min(r.remaining, CLIP_MAX_NEW_TOKENS)
         return (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * sim.new_token_ratio
 
-    def admission_room(self, sim: Simulator) -> float:
+    def admission_room(self, sim: SimState) -> float:
         reserve = self.reserve
         held = sum([reserve(sim, r) for r in sim.running])
         if sim.chunked is not None:
             held += reserve(sim, sim.chunked)
         return sim.free_tokens - held
 
-    def admission_need(self, sim: Simulator, r: SimReq) -> float:
+    def admission_need(self, sim: SimState, r: SimReq) -> float:
         spec, outputs = r.spec, r.outputs
         left = spec.output_tokens - outputs  # r.remaining
         # r.extend + min(r.remaining, CLIP_MAX_NEW_TOKENS)
         return spec.prompt_tokens + outputs - r.kv + (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
 
-    def max_running(self, sim: Simulator) -> int:
+    def max_running(self, sim: SimState) -> int:
         return sim.profile.server.max_running_requests
 
-    def max_prefill_tokens(self, sim: Simulator) -> int:
+    def max_prefill_tokens(self, sim: SimState) -> int:
         return sim.profile.server.max_prefill_tokens
 
     # ---- decode out of memory (SGLang retract_decode) ----------------------------------------
-    def decode_victims(self, sim: Simulator, short: int) -> list[Victim]:
+    def decode_victims(self, sim: SimState, short: int) -> list[Victim]:
         """Retract fewest-output, then longest-input requests first; keep at least one."""
         order = sorted(sim.running, key=lambda r: (r.outputs, -r.spec.prompt_tokens))
         victims, freed = [], 0

@@ -13,13 +13,8 @@ Not a proven bound: a reference for what scheduling alone could gain under the s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from superinfer_sgl.sim.policies.base import Plan, Policy, Victim
+from superinfer_sgl.sim.policies.base import Plan, Policy, SimState, Victim
 from superinfer_sgl.sim.request import Phase, SimReq
-
-if TYPE_CHECKING:
-    from superinfer_sgl.sim.engine import Simulator
 
 
 class Oracle(Policy):
@@ -27,13 +22,13 @@ class Oracle(Policy):
     transfer = "free"
     resume_to_running = True
 
-    def admission_room(self, sim: Simulator) -> float:
+    def admission_room(self, sim: SimState) -> float:
         return sim.free_tokens
 
-    def admission_need(self, sim: Simulator, r: SimReq) -> float:
+    def admission_need(self, sim: SimState, r: SimReq) -> float:
         return r.extend
 
-    def _key(self, sim: Simulator, r: SimReq, step_s: float) -> tuple[int, float, int]:
+    def _key(self, sim: SimState, r: SimReq, step_s: float) -> tuple[int, float, int]:
         c, spec = r.clock, r.spec
         if c.last_token is None:
             slack = spec.arrival + spec.ttft_slo - sim.profile.step.prefill_alone(r.extend) - sim.now
@@ -43,7 +38,7 @@ class Oracle(Policy):
             slack = c.last_token + spec.tbt_slo - step_s - sim.now
         return (0, slack, r.remaining)
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         step_s = sim.profile.step.seconds(decode_reqs=max(1, len(sim.running)),
                                           decode_context=sum(r.kv for r in sim.running))
         items = sim.running + list(sim.rotary.values()) + sim.waiting
@@ -63,7 +58,7 @@ class Oracle(Policy):
         resume = [r for r in chosen if r.phase is Phase.ROTARY]
         return Plan(admit=[], rotate_out=out, resume=resume)
 
-    def _prefills(self, sim: Simulator, chosen: list[SimReq], keys: dict) -> list[SimReq]:
+    def _prefills(self, sim: SimState, chosen: list[SimReq], keys: dict) -> list[SimReq]:
         waiting = [r for r in chosen if r.phase is Phase.WAITING]
         if not waiting:
             return []
@@ -80,7 +75,7 @@ class Oracle(Policy):
             tokens, pairs = tokens + r.extend, pairs + r.extend**2 / 2.0
         return admit
 
-    def decode_victims(self, sim: Simulator, short: int) -> list[Victim]:
+    def decode_victims(self, sim: SimState, short: int) -> list[Victim]:
         step_s = sim.profile.step.seconds(decode_reqs=len(sim.running))
         order = sorted(sim.running, key=lambda r: self._key(sim, r, step_s), reverse=True)
         victims, freed = [], 0

@@ -12,8 +12,6 @@ PrefillAdder sees the restored requests, then LVF's admissions, then the rest of
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
 from superinfer_sgl.rotasched.planner import (
@@ -23,11 +21,8 @@ from superinfer_sgl.rotasched.planner import (
     plan_step,
     reserve_tokens,
 )
-from superinfer_sgl.sim.policies.base import Plan, Policy
+from superinfer_sgl.sim.policies.base import Plan, Policy, SimState
 from superinfer_sgl.sim.request import SimReq
-
-if TYPE_CHECKING:
-    from superinfer_sgl.sim.engine import Simulator
 
 
 class RotaSched(Policy):
@@ -47,7 +42,7 @@ class RotaSched(Policy):
         self._short: bool | None = None
         self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         cfg, now = sim.config, sim.now
         views = self._views(sim)
         free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
@@ -65,29 +60,29 @@ class RotaSched(Policy):
         return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched,
                     chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d))
 
-    def _quantum(self, sim: Simulator) -> float:
+    def _quantum(self, sim: SimState) -> float:
         """The rotation quantum: the configured one, else the server's default for this mode."""
         stint = sim.config.min_stint_s
         return quantum_s(self.mode, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
 
-    def _goodput(self, sim: Simulator) -> GoodputParams:
+    def _goodput(self, sim: SimState) -> GoodputParams:
         """The step costs the server would have measured: the profile's, for the current batch."""
         step = sim.profile.step
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
-        costs = StepCosts(step.per_prefill_token_s, step.base_s + step.prefill_base_s, decode,
-                          step.per_resume_s)
+        # decode already holds the step's fixed time (base_s): a prefill adds only its own
+        costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s)
         return GoodputParams(costs, sim.config.max_best_effort_wait_s)
 
     # ---- views (runtime._views) --------------------------------------------------------------
-    def _running_reserve(self, sim: Simulator) -> float:
+    def _running_reserve(self, sim: SimState) -> float:
         ratio, clip = sim.new_token_ratio, CLIP_MAX_NEW_TOKENS
         # sum of _reserve(r, ratio), inlined: this runs over the running batch every iteration
         held = sum([((left if (left := r.spec.output_tokens - r.outputs) < clip else clip) * ratio)
                     for r in sim.running])
         return held + (_reserve(sim.chunked, ratio) if sim.chunked is not None else 0.0)
 
-    def _views(self, sim: Simulator) -> list[ReqView]:
+    def _views(self, sim: SimState) -> list[ReqView]:
         """The engine clears a request's cached view whenever it moves. While it stays put its
         blocks only change with SGLang's new-token ratio (or past the 4096-token reserve clip),
         so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked; and a
@@ -102,30 +97,30 @@ class RotaSched(Policy):
         fresh = self.mode == "goodput"
         for r in sim.running:
             v = r.view
-            if exact and not fresh and v is not None and v.rotatable:  # type: ignore[attr-defined]
-                add(v)  # type: ignore[arg-type]
+            if exact and not fresh and v is not None and v.rotatable:
+                add(v)
                 continue
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
             if fresh:
                 add(_make_view(r, _RUNNING, 0, -(-(r.ctx + _reserve(r, ratio)) // bt), rotatable))
                 continue
-            if v is None or v.rotatable is not rotatable or not exact:  # type: ignore[attr-defined]
+            if v is None or v.rotatable is not rotatable or not exact:
                 held = -(-(r.ctx + _reserve(r, ratio)) // bt)
-                if v is None or v.rotatable is not rotatable or v.blocks_held != held:  # type: ignore[attr-defined]
+                if v is None or v.rotatable is not rotatable or v.blocks_held != held:
                     v = r.view = _make_view(r, _RUNNING, 0, held, rotatable)
-            add(v)  # type: ignore[arg-type]
+            add(v)
         if exact:
             for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
                 v = r.view
                 if v is None:
                     v = _pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt)
-                add(v)  # type: ignore[arg-type]
+                add(v)
             for r in sim.rotary.values():
                 v = r.view
                 if v is None:
                     v = _pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt)
-                add(v)  # type: ignore[arg-type]
+                add(v)
         else:
             for r in sim.waiting:
                 add(_pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt))
@@ -133,7 +128,7 @@ class RotaSched(Policy):
                 add(_pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt))
         return views
 
-    def _short_outputs(self, sim: Simulator) -> bool:
+    def _short_outputs(self, sim: SimState) -> bool:
         if self._short is None:
             self._short = all(r.spec.output_tokens <= CLIP_MAX_NEW_TOKENS for r in sim.reqs)
         return self._short
@@ -142,9 +137,9 @@ class RotaSched(Policy):
 def _pending_view(r: SimReq, state: ReqState, tokens: float, bt: int) -> ReqView:
     need = math.ceil(tokens / bt)
     v = r.view
-    if v is None or v.blocks_needed != need:  # type: ignore[attr-defined]
+    if v is None or v.blocks_needed != need:
         v = r.view = _make_view(r, state, need, 0, True)
-    return v  # type: ignore[return-value]
+    return v
 
 
 _RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY

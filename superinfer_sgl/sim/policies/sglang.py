@@ -3,19 +3,14 @@ OOM; and SGLang's priority scheduling with preemption (--enable-priority-schedul
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from superinfer_sgl.sim.policies.base import Plan, Policy
+from superinfer_sgl.sim.policies.base import Plan, Policy, SimState
 from superinfer_sgl.sim.request import Phase, SimReq
-
-if TYPE_CHECKING:
-    from superinfer_sgl.sim.engine import Simulator
 
 
 class SGLangFCFS(Policy):
     name = "sglang"
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         return Plan(admit=sim.waiting)
 
 
@@ -27,7 +22,7 @@ class SGLangPriority(Policy):
     name = "sglang-priority"
     threshold = 10  # --priority-scheduling-preemption-threshold default
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         queue = sorted(sim.waiting, key=lambda r: (-r.spec.priority, r.spec.arrival))
         room = self.admission_room(sim)
         victims: list[SimReq] = []
@@ -42,7 +37,7 @@ class SGLangPriority(Policy):
             room += freed - need
         return Plan(admit=queue, retract=victims)
 
-    def _preempt_for(self, sim: Simulator, r: SimReq, short: float, victims: list[SimReq]) -> float:
+    def _preempt_for(self, sim: SimState, r: SimReq, short: float, victims: list[SimReq]) -> float:
         cands = [v for v in sim.running if v.phase is Phase.RUNNING and v not in victims
                  and v.spec.priority <= r.spec.priority - self.threshold]
         cands.sort(key=lambda v: (v.spec.priority, -v.spec.arrival))

@@ -9,13 +9,9 @@ swapped-first: swap in first (oldest swapped first); no new prefill while anythi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from superinfer_sgl.sim.policies.base import Plan, Policy, Victim
+from superinfer_sgl.sim.policies.base import Plan, Policy, SimState, Victim
 from superinfer_sgl.sim.request import SimReq
 
-if TYPE_CHECKING:
-    from superinfer_sgl.sim.engine import Simulator
 
 WATERMARK = 0.01  # vLLM V0 block manager watermark
 MAX_NUM_SEQS = 256  # vLLM default
@@ -34,22 +30,22 @@ class VllmSwap(Policy):
         self.swapped_first = swapped_first
         self.name = "vllm-swap-" + ("swapped-first" if swapped_first else "waiting-first")
 
-    def _room(self, sim: Simulator) -> int:
+    def _room(self, sim: SimState) -> int:
         return sim.free_tokens - int(WATERMARK * sim.capacity)
 
-    def admission_room(self, sim: Simulator) -> float:
+    def admission_room(self, sim: SimState) -> float:
         return self._room(sim)
 
-    def admission_need(self, sim: Simulator, r: SimReq) -> float:
-        return sim._page_round(r.ctx) - r.alloc
+    def admission_need(self, sim: SimState, r: SimReq) -> float:
+        return sim.page_round(r.ctx) - r.alloc
 
-    def max_running(self, sim: Simulator) -> int:
+    def max_running(self, sim: SimState) -> int:
         return MAX_NUM_SEQS
 
-    def max_prefill_tokens(self, sim: Simulator) -> int:
+    def max_prefill_tokens(self, sim: SimState) -> int:
         return MAX_BATCHED_TOKENS
 
-    def plan(self, sim: Simulator) -> Plan:
+    def plan(self, sim: SimState) -> Plan:
         if self.swapped_first:
             resume = self._swap_ins(sim)
             return Plan(admit=[] if len(resume) < len(sim.rotary) else sim.waiting, resume=resume)
@@ -58,18 +54,18 @@ class VllmSwap(Policy):
             return Plan(admit=sim.waiting)
         return Plan(admit=[], resume=self._swap_ins(sim))
 
-    def _swap_ins(self, sim: Simulator) -> list[SimReq]:
+    def _swap_ins(self, sim: SimState) -> list[SimReq]:
         room, slots = self._room(sim), MAX_NUM_SEQS - len(sim.running)
         out = []
         for r in sim.rotary.values():
-            need = sim._page_round(r.host + 1)  # its KV plus the slot of the next decode
+            need = sim.page_round(r.host + 1)  # its KV plus the slot of the next decode
             if need > room or len(out) >= slots:
                 break  # FCFS over the swapped queue
             out.append(r)
             room -= need
         return out
 
-    def decode_victims(self, sim: Simulator, short: int) -> list[Victim]:
+    def decode_victims(self, sim: SimState, short: int) -> list[Victim]:
         """Preempt from the tail of the running queue (latest arrival) by swapping out."""
         order = sorted(sim.running, key=lambda r: r.spec.arrival)
         victims, freed = [], 0

@@ -1,0 +1,36 @@
+"""What a simulation runs with besides the workload and the profile: the server's knobs (budget,
+block size, VLT, quantum, best-effort bound, mixed chunk) and the replay's (drain, lookahead,
+speed trace). Its own module so that policies can read it without importing the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from superinfer_sgl.config import SuperInferConfig
+from superinfer_sgl.rotasched.vlt import VltParams
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    budget_blocks: int = 2400  # B_xfer: rotation blocks per iteration and direction
+    block_tokens: int = 16  # --rotary-block-tokens
+    vlt: VltParams = field(default_factory=VltParams)
+    ignore_eos: bool = True  # outputs replayed at their trace length; SGLang then reserves exactly
+    drain_s: float = 1800.0  # simulated time allowed after the last arrival
+    lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
+    mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
+    # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
+    # it has run this long in its current stint. 0: the paper's rule; None: the policy's default
+    # (rotasched.goodput.quantum_s), as the server's.
+    min_stint_s: float | None = None
+    # The machine's speed over the run: (from time s, factor) pairs sorted by time, multiplying
+    # every step's compute from then on (a replay of a measured run: sim/steplog.speed_trace).
+    # Empty: the profile's speed throughout.
+    speed_trace: tuple[tuple[float, float], ...] = ()
+    # Goodput mode's starvation bound (the server's --max-best-effort-wait-ms).
+    max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0
+
+    def __post_init__(self) -> None:
+        assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
+        assert all(f > 0 for _, f in self.speed_trace), self.speed_trace
+        assert [t for t, _ in self.speed_trace] == sorted(t for t, _ in self.speed_trace), self.speed_trace
