@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
     if a.report:
-        from .runner import rereport
+        from .report import rereport
 
         rereport(a.report)
         print((a.report / "table.md").read_text())

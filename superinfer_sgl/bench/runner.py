@@ -403,29 +403,6 @@ def run_repeat(sweep: Sweep, plan: Plan, k: int, pairs: list[tuple[SystemSpec, S
             sweep.stop(spec)
 
 
-def rereport(out_dir: Path) -> dict[str, Any]:
-    """Recompute the differences, table.md and (runs with repeats or pairs) the pooled plot of a
-    finished run from its ab.json (the statistics or the report changed; no server is started)."""
-    doc = json.loads((out_dir / "ab.json").read_text())
-    results = {k: v for k, v in doc["results"].items() if v}
-    cfg = doc["config"]
-    pairs = [tuple(p) for p in cfg.get("pairs") or ()]
-    if pairs or cfg.get("repeats", 1) > 1:
-        if not pairs:
-            names = [n for n in ("sglang", "sglang-priority") if n in results]
-            pairs = [(n, "superinfer") for n in names if "superinfer" in results]
-            pairs += [("sglang", n) for n in results if n.startswith("sglang#")]
-        doc["comparisons"] = comparisons(results, pairs)
-        title = f"{cfg['profile']} / {cfg['workload']}: {cfg['machine'].get('cpu', '')} (pooled over " \
-                f"{cfg.get('repeats', 1)} repeat(s){', paired' if cfg.get('pairs') else ''})"
-        plot(pooled_results(results), out_dir / "attainment.png", title)
-    tmp = out_dir / "ab.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    tmp.replace(out_dir / "ab.json")
-    (out_dir / "table.md").write_text(render_markdown(doc))
-    return doc
-
-
 def multi_run(plan: Plan) -> bool:
     """Several runs per system and rate (repeats, or ours beside each baseline): pooled reports."""
     return plan.paired or plan.repeats > 1

@@ -134,3 +134,27 @@ def test_paired_plan_and_repeats(tmp_path: Path, model_dir: Path) -> None:
     assert for_repeat(plan, 0, tok) is plan
     argv = ["--profile", "smoke", "--trace", "t.csv", "--out", str(tmp_path / "t")]
     assert parser().parse_args(argv).workload is None  # --trace alone means the trace workload
+
+
+def test_report_is_rebuilt_from_ab_json_alone(tmp_path: Path) -> None:
+    """`ab_bench.py --report DIR`: statistics, table and plot again from a finished run's ab.json."""
+    import json
+
+    from superinfer_sgl.bench.report import rereport
+
+    results = {"sglang": [], "superinfer": []}
+    for k in range(2):
+        results["sglang"].append({**_run([True] * 10 + [False] * 30), "rate": 2.0, "repeat": k, "paired_with": "superinfer"})
+        results["superinfer"].append({**_run([True] * 35 + [False] * 5), "rate": 2.0, "repeat": k, "paired_with": "sglang"})
+    cfg = {"profile": "cpu", "workload": "sharegpt", "date_utc": "2026-11-24T00:00:00+00:00", "argv": ["ab"],
+           "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "kv_tokens": 1536, "chunked_prefill": 512,
+           "num_requests": 40, "requests": [{"slo_class": None}] * 40, "order": "paired", "seed": 1, "repeats": 2,
+           "pairs": [["sglang", "superinfer"]], "machine": {"cpu": "test"}}
+    (tmp_path / "ab.json").write_text(json.dumps({"config": cfg, "results": results, "errors": {}}))
+    doc = rereport(tmp_path)
+    assert [c["rate"] for c in doc["comparisons"]] == [2.0]
+    assert doc["comparisons"][0]["diffs"]["joint_attainment"]["estimate"] == pytest.approx(62.5)
+    table = (tmp_path / "table.md").read_text()
+    assert "| 2 | superinfer | 2 | 80 | 87.5% |" in table and "superinfer ahead at 2 req/s" in table
+    assert (tmp_path / "attainment.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "ab.json").read_text())["comparisons"]  # written back
