@@ -269,8 +269,8 @@ class Sweep:
         def work(k: int) -> None:
             try:
                 got[k] = run_point(plan, pair[k], servers[k], i, pt, self.inners[k], sync, pair[1 - k].name)
-            except threading.BrokenBarrierError:  # the partner failed before its run began
-                pass
+            except threading.BrokenBarrierError:
+                return  # not run: the partner's error, or the timeout recorded below, says why
             except Exception as exc:  # noqa: BLE001 - handed to the main thread below
                 got[k] = exc
                 sync.abort()  # the partner must not wait for a run that will not start
