@@ -145,23 +145,29 @@ def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> No
 
 
 def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
-    from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, prefill_cap
+    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, MIN_PREFILL_CHUNK, SPARE_MISSES, prefill_cap
     from superinfer_sgl.rotasched.planner import chunk_tokens, plan_step
 
-    # 20 ms decode step, 1 ms per prefill token: a 100 ms TBT leaves room for 80 prefill tokens.
+    # 20 ms decode step, 1 ms per prefill token: a step aimed at 90% of a 100 ms TBT leaves room
+    # for 70 prefill tokens; protected from one gap left to spare (a reserve for slow steps)
+    assert (CAP_TBT_SHARE, SPARE_MISSES) == (0.9, 1)
     tight = running("t", 1.0, misses_left=0, tbt=0.1)
-    assert prefill_cap([tight, waiting("w", 0.1)], COSTS) == 80
+    assert prefill_cap([tight, waiting("w", 0.1)], COSTS) == 70
+    assert prefill_cap([running("one", 1.0, misses_left=1, tbt=0.1)], COSTS) == 70
+    # the tightest protected SLO sets the cap
+    assert prefill_cap([tight, running("t2", 1.0, misses_left=0, tbt=0.2)], COSTS) == 70
     # gaps to spare, a lost request, or nothing running: no cap (the configured chunk stands)
     assert prefill_cap([running("s", 1.0, misses_left=2)], COSTS) is None
+    assert prefill_cap([running("gone", 1.0, misses_left=-1)], COSTS) is None
     assert prefill_cap([running("l", 1.0, misses_left=0, ttft_met=False)], COSTS) is None
     assert prefill_cap([waiting("w", 0.1)], COSTS) is None
     # a TBT the decode step alone breaks still lets prefills progress
     assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.01)], COSTS) == MIN_PREFILL_CHUNK
     # the planner carries it in the decision (goodput only); the executor's chunk is the lower one
     d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GP, False)
-    assert d.prefill_cap == 80 and chunk_tokens(512, d) == 80 and chunk_tokens(64, d) == 64
+    assert d.prefill_cap == 70 and chunk_tokens(512, d) == 70 and chunk_tokens(64, d) == 64
     assert chunk_tokens(None, d) is None and chunk_tokens(-1, d) == -1  # chunking off: nothing to cap
     # SGLang charges a mixed step's decode rows to the chunk budget: they are added back, so 100
-    # running requests still leave the step 80 prefill tokens (never a zero or negative chunk)
-    assert chunk_tokens(512, d, mixed_rows=100) == 180 and chunk_tokens(150, d, mixed_rows=100) == 150
+    # running requests still leave the step 70 prefill tokens (never a zero or negative chunk)
+    assert chunk_tokens(512, d, mixed_rows=100) == 170 and chunk_tokens(150, d, mixed_rows=100) == 150
     assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, None, False).prefill_cap is None
