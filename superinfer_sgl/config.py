@@ -15,8 +15,18 @@ from dataclasses import asdict, dataclass, fields
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
 from .rotasched.goodput import POLICIES as _GOODPUT_POLICIES
+from .rotasched.slo import DEFAULT_SLO
+from .rotasched.vlt import VltParams
+
+_VLT = VltParams()  # the paper's VLT defaults, defined once in rotasched.vlt
 
 CONFIG_ENV = "SUPERINFER_SGL_CONFIG"
+# The test and debug knobs' environment variables (config field -> variable), read once by the launcher.
+TEST_KNOB_ENV = {
+    "test_rotate_interval": "SUPERINFER_TEST_ROTATE_INTERVAL",
+    "test_hold_rotary_iters": "SUPERINFER_TEST_HOLD_ROTARY_ITERS",
+    "verify_rotation": "SUPERINFER_VERIFY_ROTATION",
+}
 SCHEDULERS = ("rotasched", "sglang")
 POLICIES = _GOODPUT_POLICIES
 KV_TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
@@ -35,12 +45,12 @@ class SuperInferConfig:
     # Goodput mode's starvation bound: a best-effort request that has waited this long is first
     # in line for memory.
     max_best_effort_wait_ms: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S * 1000.0
-    ttft_slo_ms: float = 5000.0
-    tbt_slo_ms: float = 100.0
+    ttft_slo_ms: float = DEFAULT_SLO.ttft_ms
+    tbt_slo_ms: float = DEFAULT_SLO.tbt_ms
     slo_classes: str | None = None
-    vlt_alpha: float = 3.0
-    vlt_beta_ttft: float = 0.5
-    vlt_beta_tbt: float = 0.0
+    vlt_alpha: float = _VLT.alpha
+    vlt_beta_ttft: float = _VLT.beta_ttft
+    vlt_beta_tbt: float = _VLT.beta_tbt
     # Rotation quantum: LVF may rotate a running request out only after it has run this long in
     # its current stint. The paper's rule (0) round-robins every request under sustained overload:
     # each rotation costs the server work (58 ms on our CPU server, docs/sim.md), and every paused
@@ -58,6 +68,13 @@ class SuperInferConfig:
     mixed_resume: bool = True
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
+    # Test and debug knobs (no flags; set from TEST_KNOB_ENV by the launcher, like SGLang's
+    # SGLANG_TEST_RETRACT): rotate the first rotatable running request out every N iterations;
+    # keep a rotated-out request rotary for at least K iterations; hash each request's KV bytes
+    # when it rotates out and again once it is re-admitted.
+    test_rotate_interval: int = 0
+    test_hold_rotary_iters: int = 0
+    verify_rotation: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -78,6 +95,9 @@ class SuperInferConfig:
         if self.rotation_budget_blocks is not None:
             _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
+        for name in ("test_rotate_interval", "test_hold_rotary_iters"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{TEST_KNOB_ENV[name]} must be >= 0, got {getattr(self, name)}")
         if self.rotary_pool_gb is not None:
             _require(math.isfinite(self.rotary_pool_gb) and self.rotary_pool_gb > 0, "rotary_pool_gb",
                      "must be a finite number > 0")
@@ -148,6 +168,25 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "one-token extend rides along with the decode batch instead of stalling it")
 
 
-def from_namespace(ns: argparse.Namespace) -> SuperInferConfig:
-    names = {f.name for f in fields(SuperInferConfig)} - {"handshake_dir"}
-    return SuperInferConfig(**{n: getattr(ns, n) for n in names})
+def knobs_from_env(environ: dict[str, str] | None = None) -> dict[str, int | bool]:
+    """The test and debug knobs set in the environment (TEST_KNOB_ENV), as config fields."""
+    env = environ if environ is not None else os.environ
+    knobs: dict[str, int | bool] = {}
+    for name, var in TEST_KNOB_ENV.items():
+        raw = (env.get(var) or "").strip()
+        if not raw:
+            continue
+        if name == "verify_rotation":
+            knobs[name] = raw == "1"
+            continue
+        try:
+            knobs[name] = int(raw)
+        except ValueError:
+            raise ConfigError(f"{var} must be an integer, got {raw!r}") from None
+    return knobs
+
+
+def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SuperInferConfig:
+    """Our options from the parsed command line, plus the test knobs from the environment."""
+    names = {f.name for f in fields(SuperInferConfig)} - {"handshake_dir"} - set(TEST_KNOB_ENV)
+    return SuperInferConfig(**{n: getattr(ns, n) for n in names}, **knobs_from_env(environ))

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from . import SUPPORTED_SGLANG_VERSION
 from .config import CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, from_namespace
@@ -20,6 +21,37 @@ from .launch_checks import LaunchError, check_model_path, check_port_free, flag_
 from .plugin import CPU_COMPAT_ENV
 
 logger = logging.getLogger("superinfer_sgl")
+CHECKOUT = Path(__file__).resolve().parents[1]  # the repository root when run from a checkout
+
+
+def drop_checkout_from_path(path: list[str], importable: bool | None = None,
+                            checkout: Path = CHECKOUT) -> list[str]:
+    """`path` (sys.path) without the entries that are this checkout's root ('' or the cwd when the
+    server is started from it), when this same code also imports without them (an editable
+    install of this checkout: `importable`, found by `_imports_without`). From the root, our
+    `triton_kernels/` folder would pass for Triton's own `triton_kernels` package (a namespace
+    package `importlib.util.find_spec` finds), and SGLang's `is_triton_kernels_available()`
+    would answer yes where that package is not installed. SGLang's spawned scheduler processes
+    inherit this sys.path. A checkout that is not the installed one keeps its root: dropping it
+    would switch the server to the installed code."""
+    kept = [p for p in path if Path(p or os.getcwd()).resolve() != checkout]
+    if importable is None:
+        importable = _imports_without(kept, checkout)
+    return kept if importable else list(path)
+
+
+def _imports_without(path: list[str], checkout: Path) -> bool:
+    """Whether `import superinfer_sgl` with sys.path = `path` finds this checkout's package."""
+    from importlib.machinery import PathFinder
+
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = PathFinder.find_spec("superinfer_sgl", path) if finder is PathFinder else find("superinfer_sgl", None)
+        if spec is not None and spec.origin:
+            return Path(spec.origin).resolve() == checkout / "superinfer_sgl" / "__init__.py"
+    return False
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -130,6 +162,7 @@ def serve(rest: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    sys.path[:] = drop_checkout_from_path(sys.path)
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0

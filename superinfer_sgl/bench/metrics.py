@@ -2,7 +2,7 @@
 
 Definitions (also in docs/ab.md):
 - gaps of a request: its inter-token latencies as the client saw them, plus zero-length gaps for
-  tokens that arrived in the same chunk (output_len - 1 gaps in all; like rotasched.timing).
+  tokens that arrived in the same chunk (output_len - 1 gaps in all; like rotasched.clock).
 - TTFT attainment: share of requests with ttft <= their TTFT SLO (a failed request misses).
 - TBT attainment, headline: share of all gaps (pooled over requests) <= their request's TBT SLO.
 - TBT attainment, per request: share of requests whose every gap meets the SLO.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..rotasched.timing import TBT_MET_SHARE
+from ..rotasched.clock import TBT_MET_SHARE
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..rotasched.timing import TBT_MET_SHARE
+from ..rotasched.clock import TBT_MET_SHARE
 
 LEVEL = 0.95
 N_RESAMPLES = 4000

@@ -14,8 +14,9 @@ out (engine.free drops it), each request mirror (eager.py), each prefetch not ye
 copy still in flight (dropped by _reap() once its event has completed, so a block is never handed out
 again while a queued copy still reads or writes it).
 
-UNVERIFIED ON GPU: streams, events, overlap of the two directions, pinned memory and the Triton paths
-compiled for a device have not been run by these tests (they run the torch path on a CPU).
+On a GPU: the pinned host pool, the CUDA streams and events, both directions at once and
+`in_after_out` ran on the lent H100 (2026-11-23, the CUDA-marked unit tests, docs/status.md); the
+CPU suite runs the torch path. Not yet run: the engine inside SGLang on a GPU server.
 """
 
 from __future__ import annotations

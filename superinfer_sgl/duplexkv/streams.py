@@ -4,8 +4,9 @@ The engine runs the same orchestration on both: a copy is issued inside `lane.ru
 `lane.record()` returns its event. On a CPU the body simply runs and the event is DONE, so every
 test of the bookkeeping (who waits on what, who holds which block until when) runs without a GPU.
 
-UNVERIFIED ON GPU: everything behind `self.stream is not None` (stream ordering, events, record_stream)
-is correct by construction only; no test in this repository has run it on a CUDA device yet.
+On a GPU, everything behind `self.stream is not None` (stream ordering, events, record_stream) ran in
+the CUDA-marked unit tests on the lent H100 (2026-11-23, docs/status.md); the CPU suite runs the
+synchronous lanes.
 """
 
 from __future__ import annotations

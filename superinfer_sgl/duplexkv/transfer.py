@@ -18,10 +18,11 @@ from typing import Protocol
 
 import torch
 
+# The --kv-transfer choices are defined once, with the option (config is pure Python).
+from superinfer_sgl.config import KV_TRANSFERS as TRANSFERS
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 
-TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
 _SUPERCHIPS = ("GH200", "GB200", "GB300")
 
 

@@ -9,7 +9,6 @@ radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in L
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,33 +27,23 @@ from ..rotasched import (
     SloError,
     VltParams,
     resolve_slo,
-    vlt,
 )
 from ..rotasched import planner
 from ..rotasched.costs import CostMeter
 from ..rotasched.goodput import GoodputParams, StepCosts, quantum_s
-from ..rotasched.timing import ReqClock
+from ..rotasched.clock import ReqClock
 from . import rotation
+from . import views as req_views
 from .kv_adapter import UnsupportedKVPool, device_pool_view
+from .prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
 
-# Deterministic test knob (like SGLang's SGLANG_TEST_RETRACT): rotate the first rotatable request
-# of the running batch out every N scheduler iterations, independent of wall-clock timing.
-TEST_ROTATE_INTERVAL_ENV = "SUPERINFER_TEST_ROTATE_INTERVAL"
-# Test knob: keep a rotated-out request rotary for at least this many iterations (abort tests).
-TEST_HOLD_ROTARY_ENV = "SUPERINFER_TEST_HOLD_ROTARY_ITERS"
-# Debug check: hash each request's KV bytes when it rotates out and again once it is re-admitted.
-VERIFY_ENV = "SUPERINFER_VERIFY_ROTATION"
 DEFAULT_HOST_RAM_FRACTION = 0.25
 # What one rotation cost our CPU server before any is measured (step.per_resume_s of
 # profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
-# Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
-PREFETCH_MAX_REQUESTS = 1
-_CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
-                                          str(planner.CLIP_MAX_NEW_TOKENS)))
 
 
 @dataclass
@@ -89,15 +78,17 @@ class RotaSchedRuntime:
                                               getattr(sched, "max_total_num_tokens", 0), self.bt)
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
-        self.prefetched: dict[str, rotation.Prefetched] = {}  # rotary rids whose KV is coming back early
+        self.prefetcher = Prefetcher(self)  # rotary requests whose KV is coming back early
         self.inbound_blocks = 0  # host blocks copied in by this step's resumes
         self.resume_locks: dict[str, Any] = {}
         self.stats = RotationStats()
         self.iteration = 0
         self._decision = Decision()  # the last step's decision (its prefill cap sizes the next chunk)
-        self.rotate_every = int(os.environ.get(TEST_ROTATE_INTERVAL_ENV, "0") or 0)
-        self.hold_rotary = int(os.environ.get(TEST_HOLD_ROTARY_ENV, "0") or 0)
-        self.verify = os.environ.get(VERIFY_ENV) == "1"
+        # Test and debug knobs (config.TEST_KNOB_ENV): forced rotations every N iterations,
+        # a minimum rotary hold, KV hashing across rotation.
+        self.rotate_every = cfg.test_rotate_interval
+        self.hold_rotary = cfg.test_hold_rotary_iters
+        self.verify = cfg.verify_rotation
         self.digests: dict[str, tuple[int, str]] = {}
         self.broadcast = self._broadcaster()
         self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self.broadcast)
@@ -211,7 +202,7 @@ class RotaSchedRuntime:
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
         out += self._forced(running_batch, live, out)
         resumes = self._resumable(decision.resume)
-        self._cancel_prefetches(keep={e.req.rid for e in resumes})
+        self.prefetcher.cancel_except(keep={e.req.rid for e in resumes})
         self._rotate(running_batch, out, resumes, now)
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
@@ -221,7 +212,7 @@ class RotaSchedRuntime:
         order = [by_rid_waiting[rid] for rid in rids if rid in by_rid_waiting]
         if self.cfg.prefetch:
             first = set(self.resume_locks) | set(decision.admit)
-            self._prefetch(views, running_batch, [r for r in order if r.rid in first], now)
+            self.prefetcher.start(views, running_batch, [r for r in order if r.rid in first], now)
         return order
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
@@ -229,7 +220,7 @@ class RotaSchedRuntime:
         for req in live:
             if budget <= 0:
                 return
-            if self._rotatable(req, running_batch):
+            if req_views.rotatable(self.sched, req):
                 assert self.engine is not None
                 before = self.engine.bytes_eager_out
                 rotation.eager_sync(self.sched, req, self.engine, max_blocks=budget)
@@ -239,7 +230,8 @@ class RotaSchedRuntime:
         goodput = None
         if self.cfg.policy == "goodput":
             goodput = GoodputParams(self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0)
-        return planner.plan_step(views, self._free_blocks(running_batch), self.budget, now, self.params,
+        free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt)
+        return planner.plan_step(views, free, self.budget, now, self.params,
                                  goodput, self.sched.chunked_req is not None)
 
     def _measure_last_step(self, sched: Any, now: float) -> None:
@@ -300,74 +292,32 @@ class RotaSchedRuntime:
             self.stats.kv_mismatches += 1
             logger.error("superinfer: KV of %s changed across rotation (%d tokens)", req.rid, n)
 
-    # ---- views for the policy ----------------------------------------------------------------
-    def _reserve(self, req: Any) -> float:
-        ratio = 1.0 if req.sampling_params.ignore_eos else self.sched.new_token_ratio_tracker.current
-        return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids), ratio,
-                                      _CLIP_MAX_NEW_TOKENS)
+    # ---- views for the policy (integration/views.py) ----------------------------------------
+    @property
+    def prefetched(self) -> dict[str, rotation.Prefetched]:
+        return self.prefetcher.prefetched
 
     def _blocks(self, tokens: float) -> int:
         return planner.blocks(tokens, self.bt)
 
-    def _free_blocks(self, running_batch: Any) -> int:
-        # The same budget SGLang's PrefillAdder admits against: free + evictable tokens minus
-        # the decode reserve of every running request. Slots held for prefetches count as free:
-        # they are given back before anything is allocated, unless their request resumes now.
-        alloc, tree = self.sched.token_to_kv_pool_allocator, self.sched.tree_cache
-        reserve = sum(self._reserve(r) for r in running_batch.reqs if not r.finished())
-        prefetched = sum(p.host_kv.num_tokens for p in self.prefetched.values())
-        return max(0, int(alloc.available_size() + prefetched + tree.evictable_size() - reserve) // self.bt)
-
     def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
+        sched, view, reserve = self.sched, req_views.view, req_views.reserve
         views, by_rid = [], {}
         young = now - self.min_stint_s  # stints that began after this are not over yet
         for req in live:
             clk = self.clocks[req.rid]
-            rotatable = clk.run_start is not None and clk.run_start <= young and self._rotatable(req, running_batch)
-            views.append(self._view(clk, req, ReqState.RUNNING, 0,
-                                    self._blocks(req.seqlen + self._reserve(req)), rotatable))
+            can = clk.run_start is not None and clk.run_start <= young and req_views.rotatable(sched, req)
+            views.append(view(clk, req, ReqState.RUNNING, 0, self._blocks(req.seqlen + reserve(sched, req)), can))
             by_rid[req.rid] = req
-        for req in self.sched.waiting_queue:
-            clk = self.clocks[req.rid]
+        for req in sched.waiting_queue:
             resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
             compute = len(req.origin_input_ids) + len(req.output_ids) - resident
-            views.append(self._view(clk, req, ReqState.WAITING, self._blocks(compute + self._reserve(req)), 0,
-                                    True, compute))
+            views.append(view(self.clocks[req.rid], req, ReqState.WAITING,
+                              self._blocks(compute + reserve(sched, req)), 0, True, compute))
         for rid, entry in self.rotary.items():
-            need = entry.host_kv.num_tokens + 1 + self._reserve(entry.req)
-            views.append(self._view(self.clocks[rid], entry.req, ReqState.ROTARY, self._blocks(need), 0, True))
+            need = entry.host_kv.num_tokens + 1 + reserve(sched, entry.req)
+            views.append(view(self.clocks[rid], entry.req, ReqState.ROTARY, self._blocks(need), 0, True))
         return views, by_rid
-
-    def _view(self, clk: ReqClock, req: Any, state: ReqState, need: int, held: int, rotatable: bool,
-              prefill_tokens: int = 0) -> ReqView:
-        misses_left, ttft_met, weight = self._goodput_facts(clk, req)
-        return ReqView(
-            rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,
-            run_start=clk.run_start if state == ReqState.RUNNING else None,
-            ttft_slo=clk.slo.ttft_s, tbt_slo=clk.slo.tbt_s,
-            blocks_needed=need, blocks_held=held, rotatable=rotatable,
-            prefill_tokens=max(0, prefill_tokens), misses_left=misses_left, ttft_met=ttft_met,
-            weight=weight,
-        )
-
-    def _goodput_facts(self, clk: ReqClock, req: Any) -> tuple[int, bool | None, float]:
-        """(misses_left, ttft_met, weight) of a request, as goodput mode reads them."""
-        left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
-        return clk.misses_left(left), clk.ttft_met, clk.slo.weight
-
-    def _rotatable(self, req: Any, running_batch: Any) -> bool:
-        sched = self.sched
-        if req is sched.chunked_req or not rotation.can_rotate(req):
-            return False
-        if getattr(req, "grammar", None) is not None or getattr(req, "multimodal_inputs", None) is not None:
-            return False
-        if getattr(req, "beam_group", None) is not None or getattr(req, "session", None) is not None:
-            return False
-        last = sched.last_batch
-        # Under the overlap scheduler a prefill still in flight is writing this request's KV.
-        if last is not None and last.forward_mode.is_extend() and any(r is req for r in last.reqs):
-            return False
-        return True
 
     # ---- actions -----------------------------------------------------------------------------
     def _forced(self, running_batch: Any, live: list[Any], chosen: list[Any]) -> list[Any]:
@@ -375,7 +325,7 @@ class RotaSchedRuntime:
             return []
         # The first rotatable request in batch order: the same choice on every TP rank.
         for req in live:
-            if req not in chosen and self._rotatable(req, running_batch):
+            if req not in chosen and req_views.rotatable(self.sched, req):
                 self.stats.forced_rotations += 1
                 return [req]
         return []
@@ -427,7 +377,7 @@ class RotaSchedRuntime:
 
     def _incoming(self, entry: rotation.RotaryEntry) -> rotation.Incoming:
         inc = rotation.incoming(entry, self.sched.token_to_kv_pool_allocator.page_size)
-        p = self.prefetched.pop(entry.req.rid, None)
+        p = self.prefetcher.take(entry.req.rid)
         if p is not None:  # the engine finds the prefetch by (HostKV, slots) and copies nothing
             assert p.host_kv == inc.host_kv, (p.host_kv, inc.host_kv)
             inc.slots = p.slots
@@ -444,70 +394,6 @@ class RotaSchedRuntime:
         self.clocks[rid].set_state(ReqState.WAITING, now)
         self.stats.resumes += 1
 
-    # ---- prefetch: the next resume's KV on its way one iteration early ----------------------
-    def _prefetch(self, views: list[ReqView], running_batch: Any, queue: list[Any], now: float) -> None:
-        """Start copying back the rotary request LVF ranks highest among those still rotary after
-        this step, into device memory nobody this step needs (never evicting), within what is left
-        of this step's inbound rotation budget."""
-        if self.engine is None:
-            return
-        room = self._prefetch_room(running_batch, queue)
-        budget = self.budget - self.inbound_blocks
-        page = self.sched.token_to_kv_pool_allocator.page_size
-        for entry in self._prefetch_candidates(views, now):
-            if len(self.prefetched) >= PREFETCH_MAX_REQUESTS:
-                return
-            inc = rotation.incoming(entry, page)
-            n, blocks = inc.host_kv.num_tokens, len(inc.host_kv.block_ids)
-            if n == 0 or n > room or blocks > budget:
-                continue
-            entry.prefetch_tried = True
-            p = rotation.prefetch(self.sched, self.engine, inc)
-            if p is None:
-                continue
-            self.prefetched[entry.req.rid] = p
-            self.stats.prefetches += 1
-            room -= n
-            budget -= blocks
-
-    def _prefetch_candidates(self, views: list[ReqView], now: float) -> list[rotation.RotaryEntry]:
-        """Requests still rotary after this step (LVF did not resume them, or they found no memory,
-        or the hold knob kept them), eligible to resume next iteration, not rotated out this very
-        step and not prefetched before in this stint (a miss is not chased): largest VLT first,
-        then arrival, then rid (LVF's own order)."""
-        def eligible(rid: str) -> bool:
-            e = self.rotary.get(rid)
-            return (e is not None and rid not in self.prefetched
-                    and not e.prefetch_tried and e.paused_iter < self.iteration
-                    and self.iteration + 1 - e.paused_iter >= self.hold_rotary)
-
-        ranked = sorted((-vlt(v, now, self.params), v.arrival, v.rid) for v in views
-                        if v.state == ReqState.ROTARY and eligible(v.rid))
-        rids = [rid for _, _, rid in ranked]
-        if len(rids) > 1:  # VLT reads each rank's clock: TP ranks adopt rank 0's order (same set)
-            rids = list(self.broadcast(rids))
-        return [self.rotary[rid] for rid in rids]
-
-    def _prefetch_room(self, running_batch: Any, queue: list[Any]) -> int:
-        """Free device tokens left once this step's commitments are met: the decode reserve of the
-        running batch, and the whole need of the requests offered for admission (resumed ones need
-        one token plus their reserve)."""
-        committed = sum(self._reserve(r) for r in running_batch.reqs if not r.finished())
-        for req in queue:
-            resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
-            committed += len(req.origin_input_ids) + len(req.output_ids) - resident + self._reserve(req)
-        return int(self.sched.token_to_kv_pool_allocator.available_size() - committed)
-
-    def _cancel_prefetches(self, keep: set[str]) -> None:
-        """Prefetches whose request does not resume now were a wrong guess: give their slots back."""
-        for rid in [r for r in self.prefetched if r not in keep]:
-            self._drop_prefetch(rid)
-
-    def _drop_prefetch(self, rid: str) -> None:
-        assert self.engine is not None
-        rotation.cancel_prefetch(self.sched, self.engine, self.prefetched.pop(rid))
-        self.stats.prefetch_cancelled += 1
-
     # ---- SGLang paths that must know the rotary queue ----------------------------------------
     def before_abort(self, recv_req: Any) -> None:
         """Hand rotary requests being aborted back to the waiting queue, where SGLang's own abort
@@ -516,7 +402,7 @@ class RotaSchedRuntime:
             return bool(recv_req.abort_all) or rid.startswith(recv_req.rid)
 
         for rid in [r for r in self.prefetched if match(r)]:
-            self._drop_prefetch(rid)  # before its HostKV is freed: the slots are ours to give back
+            self.prefetcher.drop(rid)  # before its HostKV is freed: the slots are ours to give back
         for rid in [r for r in self.rotary if match(r)]:
             entry = self.rotary.pop(rid)
             self.stats.aborted_rotary += 1

@@ -9,7 +9,7 @@ from superinfer_sgl.rotasched.slo import (
     SloError,
     resolve_slo,
 )
-from superinfer_sgl.rotasched.state import ReqState, ReqView
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.sync import DecisionSync
 from superinfer_sgl.rotasched.vlt import VltParams, vlt
 

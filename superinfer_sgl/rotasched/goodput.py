@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from superinfer_sgl.rotasched.state import ReqState, ReqView
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 
 PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from superinfer_sgl.rotasched import goodput as gp_rules
 from superinfer_sgl.rotasched.goodput import BEST_EFFORT, PROMOTED, VIABLE, GoodputParams
-from superinfer_sgl.rotasched.state import ReqState, ReqView
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 # Scan order as sortable rows: (tier, -weighted VLT, arrival, rid, view); rids are unique, so

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from superinfer_sgl.rotasched.goodput import GoodputParams, prefill_cap
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
-from superinfer_sgl.rotasched.state import ReqView
+from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
 
 # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default: the decode reserve clips outputs here.

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from superinfer_sgl.rotasched.state import ReqState, ReqView
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 
 _RUNNING = ReqState.RUNNING  # module constant: class attribute lookup is slow per view
 

@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from superinfer_sgl.rotasched.state import ReqState
+from superinfer_sgl.rotasched.request_view import ReqState
 from superinfer_sgl.sim.policies.base import Plan, Policy
 from superinfer_sgl.sim.profile import Profile
 from superinfer_sgl.sim.settings import SimConfig
@@ -315,7 +315,7 @@ class Simulator:
 
     def _mark_mixed(self, decoding: list[SimReq]) -> None:
         """A mixed chunk is one extend batch: its decoding requests count as prefilled by it (the
-        runtime does not rotate a request of an extend batch still in flight: runtime._rotatable)."""
+        runtime does not rotate a request of an extend batch still in flight: integration.views.rotatable)."""
         it = self.iteration
         for r in decoding:
             r.prefill_iter = it

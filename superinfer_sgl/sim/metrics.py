@@ -1,4 +1,4 @@
-"""What a simulation run measured, with the server's own SLO definitions (rotasched.timing).
+"""What a simulation run measured, with the server's own SLO definitions (rotasched.clock).
 
 TTFT: first token time minus arrival. TBT: every inter-token gap. A request meets TBT when at
 least TBT_MET_SHARE of its gaps are within its SLO (the A/B harness's joint rule); a request with a
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from superinfer_sgl.rotasched.timing import TBT_MET_SHARE
+from superinfer_sgl.rotasched.clock import TBT_MET_SHARE
 from superinfer_sgl.sim.request import Phase
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass
 
 from superinfer_sgl.rotasched.slo import Slo
-from superinfer_sgl.rotasched.state import ReqView
-from superinfer_sgl.rotasched.timing import ReqClock
+from superinfer_sgl.rotasched.request_view import ReqView
+from superinfer_sgl.rotasched.clock import ReqClock
 from superinfer_sgl.sim.workload import RequestSpec
 
 
@@ -29,7 +29,7 @@ class SimReq:
     does not (the prefix is held once, by the radix cache)."""
 
     spec: RequestSpec
-    clock: ReqClock  # the server's own per-request clock (rotasched.timing): VLT reads it
+    clock: ReqClock  # the server's own per-request clock (rotasched.clock): VLT reads it
     phase: Phase = Phase.WAITING
     outputs: int = 0  # output tokens produced
     kv: int = 0  # tokens whose KV is on device (computed, or restored from host)
@@ -61,17 +61,17 @@ class SimReq:
         return self.ctx - self.kv
 
 
-_SLOS: dict[tuple[float, float], Slo] = {}
+_SLOS: dict[tuple[float, float, float], Slo] = {}
 
 
 def new_req(spec: RequestSpec, prefix_cache: bool = True, delay: float = 0.0) -> SimReq:
     """`prefix_cache`: the server reuses spec.cached_tokens from its prefix cache (SGLang's radix
     tree); without one (vLLM V0's default) every prompt token is computed and allocated. `delay`:
     the request reaches the scheduler, whose clock (VLT) starts then, this long after spec.arrival."""
-    key = (spec.ttft_slo, spec.tbt_slo)
+    key = (spec.ttft_slo, spec.tbt_slo, spec.weight)
     slo = _SLOS.get(key)
     if slo is None:
-        slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0)
+        slo = _SLOS[key] = Slo(spec.ttft_slo * 1000.0, spec.tbt_slo * 1000.0, spec.weight)
     shared = spec.cached_tokens if prefix_cache else 0
     return SimReq(spec, ReqClock(spec.rid, spec.arrival + delay, slo), kv=shared, shared=shared,
                   slo_s=(slo.ttft_s, slo.tbt_s))

@@ -2,11 +2,13 @@
 
 naive    one copy per page (block_tokens tokens) per layer per K/V, directions one after the
          other: what stock swap does (vLLM V0 swap_blocks, our --kv-transfer naive).
-batched  one batched transfer per direction, directions one after the other, no eager sync: our
-         runtime today (integration/rotation.py: synchronous engine.save / engine.load).
-duplex   DuplexKV: block-first host layout, one batched transfer per direction, both directions
-         at once, and eager sync (full blocks of running requests are copied to host in the
-         background, so a rotate-out moves only what was written since: the tail).
+batched  one batched transfer per direction, directions one after the other, no eager sync (an
+         ablation: our runtime before DuplexKV's one-call duplex step).
+duplex   DuplexKV as our runtime runs it (integration/rotation.py: rotate_step, one
+         engine.rotate call per step carrying the outs and the ins): block-first host layout, one
+         batched transfer per direction, both directions at once, and eager sync (full blocks of
+         running requests are copied to host in the background, so a rotate-out moves only what
+         was written since: the tail).
 free     zero-cost moves (the idealised reference).
 """
 

@@ -87,7 +87,8 @@ def ab_workload(doc: dict, ab_path: Path, index: int,
         prompt = int(r["prompt_tokens"])
         specs.append(RequestSpec(f"ab{i}", float(arrivals[i]), prompt, int(r["output_tokens"]),
                                  float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
-                                 int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1)))
+                                 int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1),
+                                 weight=float(r.get("weight") or 1.0)))
     return Workload(tuple(specs), f"A/B workload {ab_path} point {index} ({cfg.get('workload')})")
 
 

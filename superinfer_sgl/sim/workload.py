@@ -47,6 +47,7 @@ class RequestSpec:
     # Leading prompt tokens shared with an earlier request of the workload (a chat template's
     # system prefix): a radix-cache hit, neither recomputed nor allocated again.
     cached_tokens: int = 0
+    weight: float = 1.0  # its SLO class's weight in the goodput policy (--slo-classes)
 
     def __post_init__(self) -> None:
         assert self.rid, "rid must be non-empty"
@@ -54,6 +55,7 @@ class RequestSpec:
         assert self.prompt_tokens >= 1 and self.output_tokens >= 1, self.rid
         assert self.ttft_slo > 0 and self.tbt_slo > 0, self.rid
         assert 0 <= self.cached_tokens < self.prompt_tokens, (self.rid, self.cached_tokens)
+        assert self.weight > 0 and math.isfinite(self.weight), (self.rid, self.weight)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from superinfer_sgl.rotasched.timing import TBT_MET_SHARE
+from superinfer_sgl.rotasched.clock import TBT_MET_SHARE
 
 # ~4 min on a quiet 2-core VM (two server starts dominate); much longer when the VM is shared
 pytestmark = [

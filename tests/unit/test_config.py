@@ -17,6 +17,7 @@ from superinfer_sgl.config import (
     SuperInferConfig,
     add_cli_args,
     from_namespace,
+    knobs_from_env,
 )
 
 
@@ -218,3 +219,17 @@ def test_policy_and_best_effort_bound() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="max-best-effort-wait-ms"):
             SuperInferConfig(max_best_effort_wait_ms=bad)
+
+
+def test_test_knobs_are_read_from_the_environment_once_into_the_config() -> None:
+    assert knobs_from_env({}) == {}
+    env = {"SUPERINFER_TEST_ROTATE_INTERVAL": "3", "SUPERINFER_VERIFY_ROTATION": "1"}
+    assert knobs_from_env(env) == {"test_rotate_interval": 3, "verify_rotation": True}
+    assert knobs_from_env({"SUPERINFER_VERIFY_ROTATION": "0"}) == {"verify_rotation": False}
+    cfg = from_namespace(_parser().parse_args([]), {"SUPERINFER_TEST_HOLD_ROTARY_ITERS": "6"})
+    assert cfg.test_hold_rotary_iters == 6 and cfg.test_rotate_interval == 0
+    assert SuperInferConfig.from_env({CONFIG_ENV: cfg.to_env()}) == cfg  # children get it as config
+    with pytest.raises(ConfigError, match="SUPERINFER_TEST_ROTATE_INTERVAL must be an integer"):
+        knobs_from_env({"SUPERINFER_TEST_ROTATE_INTERVAL": "often"})
+    with pytest.raises(ConfigError, match="SUPERINFER_TEST_HOLD_ROTARY_ITERS must be >= 0"):
+        SuperInferConfig(test_hold_rotary_iters=-1)

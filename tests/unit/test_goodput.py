@@ -13,7 +13,7 @@ from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
 from superinfer_sgl.rotasched.planner import admission_order
-from superinfer_sgl.rotasched.timing import ReqClock
+from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
 
 W, RUN, ROT = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY

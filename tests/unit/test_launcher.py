@@ -396,3 +396,38 @@ def test_mixed_chunk_only_for_rotasched_and_not_twice(tmp_path: Path, with_cuda:
     assert "--enable-mixed-chunk" not in rest
     _, rest = launch_server.prepare(["--model-path", model, "--port", str(_free_port()), "--enable-mixed-chunk"])
     assert rest.count("--enable-mixed-chunk") == 1
+
+
+def test_from_the_checkout_triton_kernels_probe_answers_truthfully(tmp_path: Path) -> None:
+    """Started from the repository root, our triton_kernels/ folder is a namespace package that
+    importlib finds as `triton_kernels` (SGLang's is_triton_kernels_available() then says yes);
+    the launcher drops the checkout from sys.path (our packages are installed), so the probe sees
+    only a real Triton kernels package. The child runs the launcher's function on a path of the
+    root and the standard library only, so an installed Triton package cannot mask the folder."""
+    import inspect
+
+    from superinfer_sgl.launch_server import CHECKOUT, drop_checkout_from_path
+
+    child = "\n".join([
+        "import os, sys, sysconfig, importlib.util as u",
+        "from importlib import metadata",
+        "from pathlib import Path",
+        f"CHECKOUT = Path({str(CHECKOUT)!r})",
+        inspect.getsource(drop_checkout_from_path),
+        "sys.path[:] = ['', *(sysconfig.get_paths()[k] for k in ('stdlib', 'platstdlib'))]",
+        "before = u.find_spec('triton_kernels')",
+        "sys.path[:] = drop_checkout_from_path(sys.path, importable=True)",
+        "sys.path_importer_cache.clear()",
+        "print(list(before.submodule_search_locations) if before else None)",
+        "print(u.find_spec('triton_kernels'))",
+    ])
+    out = subprocess.run([sys.executable, "-c", child], cwd=CHECKOUT, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()
+    assert out == [str([str(CHECKOUT / "triton_kernels")]), "None"]  # the false yes, then none
+    # a checkout that is not the installed one keeps its root (dropping it would switch code)
+    path = ["", str(tmp_path), str(CHECKOUT)]
+    assert drop_checkout_from_path(path, importable=False) == path
+    assert drop_checkout_from_path([str(tmp_path), str(CHECKOUT)], importable=True) == [str(tmp_path)]
+    # here (an editable install of this checkout) the launcher's own answer: it imports without it
+    assert launch_server._imports_without([str(tmp_path)], CHECKOUT) is True
+    assert launch_server._imports_without([str(tmp_path)], tmp_path) is False  # another checkout

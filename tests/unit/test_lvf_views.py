@@ -10,7 +10,7 @@ import pytest
 
 from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, vlt
 from superinfer_sgl.rotasched.vlt import vlts
-from superinfer_sgl.rotasched.state import NO_LIMIT
+from superinfer_sgl.rotasched.request_view import NO_LIMIT
 
 
 def _running(**kw: object) -> ReqView:

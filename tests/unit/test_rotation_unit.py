@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,20 +11,10 @@ import torch
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.engine import RotationEngine
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
+from fakes import FakeReq as Req
 from superinfer_sgl.integration import rotation
 
 LAYERS, HEADS, DIM, BT = 3, 2, 8, 4
-
-
-@dataclass
-class Req:
-    rid: str
-    origin_input_ids: list[int]
-    output_ids: list[int]
-    kv: Any = field(default_factory=lambda: SimpleNamespace(req_pool_idx=1, holds_kv=True, kv_allocated_len=0))
-
-    def finished(self) -> bool:
-        return False
 
 
 @pytest.fixture

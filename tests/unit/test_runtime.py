@@ -3,34 +3,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
+from superinfer_sgl.integration.prefetch import Prefetcher
 from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
 from superinfer_sgl.rotasched import DEFAULT_CLASSES, Decision, Slo, SloClasses, VltParams
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import StepCosts
 from superinfer_sgl.rotasched.planner import rotation_budget
-
-
-@dataclass
-class FakeReq:
-    rid: str
-    output_ids: list[int] = field(default_factory=lambda: [1, 2])
-    origin_input_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
-    sampling_params: Any = field(default_factory=lambda: SimpleNamespace(
-        custom_params=None, ignore_eos=True, max_new_tokens=10))
-
-    def finished(self) -> bool:
-        return False
-
-    @property
-    def seqlen(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
+from fakes import FakeReq
 
 
 class FakeBatch:
@@ -72,7 +57,7 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
     rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
     rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400
-    rt.prefetched = {}
+    rt.prefetcher = Prefetcher(rt)
     rt.stats, rt.iteration, rt.rotate_every, rt.hold_rotary = RotationStats(), 0, 0, 0
     rt.verify, rt.digests, rt.metrics = False, {}, None
     rt.engine = FakeEngine()  # type: ignore[assignment]

@@ -8,20 +8,21 @@ decision is scripted per iteration. Lanes are synchronous on a CPU; every restor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from fakes import FakeReq as Req
+from fakes import sampling
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.engine import RotationEngine
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 from superinfer_sgl.integration.runtime import RotaSchedRuntime
 from superinfer_sgl.rotasched import Decision
-from superinfer_sgl.rotasched.state import ReqState
+from superinfer_sgl.rotasched.request_view import ReqState
 
 LAYERS, HEADS, DIM, BT = 2, 2, 4, 4
 
@@ -75,25 +76,6 @@ class FakeTree:
 
     def supports_prefix_sharing(self) -> bool:
         return False  # evict_from_tree_cache is then a no-op
-
-
-@dataclass
-class Req:
-    rid: str
-    origin_input_ids: list[int]
-    output_ids: list[int]
-    kv: Any
-    sampling_params: Any = field(default_factory=lambda: SimpleNamespace(
-        custom_params=None, ignore_eos=True, max_new_tokens=0))
-    extra_key: Any = None
-    cache_salt: Any = None
-
-    def finished(self) -> bool:
-        return False
-
-    @property
-    def seqlen(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
 
 
 class Batch:
@@ -169,7 +151,7 @@ class Harness:
             buf[slots] = torch.randn((n, HEADS, DIM))
         self.sched.req_to_token_pool.req_to_token[pool_idx, :n] = slots.to(torch.int32)
         kv = SimpleNamespace(req_pool_idx=pool_idx, holds_kv=True, kv_allocated_len=n)
-        req = Req(rid, list(range(100, 100 + prompt)), list(range(outputs)), kv)
+        req = Req(rid, list(range(100, 100 + prompt)), list(range(outputs)), kv, sampling(max_new_tokens=0))
         self.kv[rid] = self.device_kv(slots[: n - 1])
         self.batch.reqs.append(req)
         return req
@@ -323,8 +305,7 @@ def test_verify_hashes_across_a_duplex_step(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_held_rotary_request_is_prefetched_the_iteration_before_it_may_resume(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SUPERINFER_TEST_HOLD_ROTARY_ITERS", "3")
-    h = Harness(monkeypatch)
+    h = Harness(monkeypatch, test_hold_rotary_iters=3)
     h.run("a", 12, 8, pool_idx=1)
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))  # iteration 1
@@ -437,7 +418,8 @@ def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypat
     request in arrival order, unless LVF stopped at an urgent request that did not fit: then only
     that one (token-exact admission may still fit it), so nobody takes the memory it waits for."""
     h = Harness(monkeypatch)
-    waiting = [Req(f"w{i}", [1, 2, 3], [], SimpleNamespace(holds_kv=False)) for i in range(4)]
+    waiting = [Req(f"w{i}", [1, 2, 3], [], SimpleNamespace(holds_kv=False), sampling(max_new_tokens=0))
+               for i in range(4)]
     h.sched.waiting_queue = list(waiting)
     h.rt.observe([], 100.0)  # their clocks
     h.decisions.append(Decision(admit=("w3",), contention=True, blocked=blocked))

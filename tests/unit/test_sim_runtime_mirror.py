@@ -184,3 +184,13 @@ def test_replay_of_an_ab_runs_the_policy_and_quantum_the_server_ran() -> None:
     assert system_config(cfg, "new", "goodput", 4096).min_stint_s is None  # the policy's default
     assert system_config(cfg, "stint", "lvf-duplex", 4096).min_stint_s == 5.0
     assert system_config(cfg, "old", "lvf-duplex", 4096).min_stint_s == 0.0  # before the quantum
+
+
+def test_a_class_weight_reaches_the_policys_views() -> None:
+    """--slo-classes weights: the server's views carry them (integration.views.view); so do the
+    simulator's, from the workload."""
+    specs = [RequestSpec("a", 0.0, 10, 3, weight=3.0), RequestSpec("b", 0.0, 10, 3)]
+    sim = sim_of(specs, "goodput")
+    sim.step()
+    views = sim.policy._views(sim)  # type: ignore[attr-defined]
+    assert {v.rid: v.weight for v in views} == {"a": 3.0, "b": 1.0}

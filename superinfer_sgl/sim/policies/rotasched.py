@@ -146,7 +146,7 @@ _RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTAR
 
 
 def _reserve(r: SimReq, ratio: float) -> float:
-    """runtime._reserve: remaining outputs (clipped) times SGLang's new-token ratio."""
+    """integration.views.reserve: remaining outputs (clipped) times SGLang's new-token ratio."""
     return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
 
 
@@ -155,9 +155,10 @@ def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool
     last_token only for non-running requests."""
     c = r.clock
     # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,
-    # tbt_slo, blocks_needed, blocks_held, rotatable, prefill_tokens, misses_left, ttft_met):
-    # keywords cost ~0.4 us per view.
+    # tbt_slo, blocks_needed, blocks_held, rotatable, prefill_tokens, misses_left, ttft_met,
+    # weight): keywords cost ~0.4 us per view.
     return ReqView(r.spec.rid, state, c.arrival, c.last_token,
                    c.run_start if state is _RUNNING else None,
                    r.slo_s[0], r.slo_s[1], need, held, rotatable,
-                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met)
+                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met,
+                   r.spec.weight)

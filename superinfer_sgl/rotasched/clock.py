@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from .slo import Slo
-from .state import ReqState
+from .request_view import ReqState
 
 # A request meets its TBT SLO when at least this share of its inter-token gaps do (the A/B
 # harness uses the same definition for its joint attainment figure).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from superinfer_sgl.rotasched import ReqState, Slo
-from superinfer_sgl.rotasched.timing import TBT_MET_SHARE, ReqClock
+from superinfer_sgl.rotasched.clock import TBT_MET_SHARE, ReqClock
 
 SLO = Slo(ttft_ms=500, tbt_ms=100)
 
