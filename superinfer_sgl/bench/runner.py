@@ -133,7 +133,8 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     raw = out / "raw" / f"{tag}.jsonl"
     raw.parent.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    args = bench_args(server.url, dataset_for(plan, spec), len(plan.requests), plan.seed, raw, plan.tokenizer)
+    args = bench_args(server.url, dataset_for(plan, spec), len(plan.requests), plan.seed, raw, plan.tokenizer,
+                      backend="vllm-chat" if spec.is_vllm else "sglang-oai-chat")
 
     def progress(done: int, total: int) -> None:
         pbar.total = total
@@ -202,7 +203,7 @@ def plan_probe_tokens(plan: Plan) -> int:
 def point_probe(plan: Plan, spec: SystemSpec, server: Any, i: int) -> Speed | None:
     """A short speed probe (one lone request, then a batch of 4; ~2 s on the CPU profile) of the
     server about to run point i, with prompts no other probe or point uses (no cache hits)."""
-    if not getattr(plan.options, "point_probes", True):
+    if not getattr(plan.options, "point_probes", True) or spec.is_vllm:  # the probe streams SGLang's /generate
         return None
     tokenizer = _tokenizer(plan.tokenizer)
     builder, n_tok = PromptBuilder(tokenizer), plan_probe_tokens(plan)

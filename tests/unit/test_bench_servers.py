@@ -16,10 +16,12 @@ from superinfer_sgl.bench.planning import build_plan
 from superinfer_sgl.bench.servers import (
     OUR_MODULE,
     STOCK_MODULE,
+    VLLM_MODULE,
     ServerProcess,
     SystemSpec,
     command,
     environment,
+    kv_bytes_per_token,
     noise_twin,
     shared_flags,
     systems,
@@ -111,6 +113,29 @@ def test_mixed_workload_adds_the_priority_baseline(tmp_path: Path, model_dir: Pa
     assert {r.slo_class for r in plan.requests} <= {"interactive", "batch"}
     plan, _ = _plan(["--profile", "smoke", "--noise", "--out", str(tmp_path / "n")])
     assert [s.name for s in plan.systems] == ["sglang", "superinfer", "sglang#2"]
+
+
+def test_the_vllm_peer_gets_the_same_model_kv_budget_and_chunk(tmp_path: Path, model_dir: Path) -> None:
+    model = _model(tmp_path)
+    shared = shared_flags(model, 1536, 512, "cpu", ("--dtype", "bfloat16"))
+    spec = systems((), vllm_python="/opt/vllm/bin/python")["vllm"]
+    cmd = command(spec, shared, 4321)
+    assert cmd[:3] == ["/opt/vllm/bin/python", "-m", VLLM_MODULE]
+    # 2 layers x 2 KV heads x 16 dims x K and V x 2 bytes = 256 bytes per token
+    assert kv_bytes_per_token(model) == 256
+    for flag, value in (("--model", model), ("--max-model-len", "1536"), ("--kv-cache-memory-bytes", str(1536 * 256)),
+                        ("--max-num-batched-tokens", "512"), ("--block-size", "32"), ("--dtype", "bfloat16"),
+                        ("--port", "4321")):
+        assert _contains(cmd, [flag, value]), flag
+    assert "--attention-backend" not in cmd and "--model-path" not in cmd  # SGLang-only flags dropped
+    assert environment(spec, shared, {})["VLLM_SERVER_DEV_MODE"] == "1"  # the prefix-cache reset route
+    # --peer vllm adds it (and says how to install it when its venv is missing)
+    fake = tmp_path / "python"
+    fake.write_text("")
+    plan, _ = _plan(["--profile", "smoke", "--peer", "vllm", "--vllm-python", str(fake), "--out", str(tmp_path / "v")])
+    assert [s.name for s in plan.systems] == ["sglang", "superinfer", "vllm"] and plan.systems[-1].is_vllm
+    with pytest.raises(ValueError, match="setup_vllm_cpu.sh"):
+        _plan(["--profile", "smoke", "--peer", "vllm", "--vllm-python", str(tmp_path / "none"), "--out", str(tmp_path / "w")])
 
 
 STUBBORN = textwrap.dedent("""
