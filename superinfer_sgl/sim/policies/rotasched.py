@@ -1,12 +1,13 @@
 """RotaSched in the simulator: the production LVF (rotasched.lvf_decide) over views built the way
 integration/runtime.py builds them, executed the way the runtime executes a Decision.
 
-Mirrors RotaSchedRuntime._views/_free_blocks/_step: blocks are rotation blocks; a running request
-holds ceil((seqlen + decode reserve) / block); a waiting one needs its prompt and outputs not yet
-resident plus the reserve; a rotary one its host KV plus one token plus the reserve; free blocks
-are SGLang's admission budget (free minus running reserves). The decision's rotate-outs go first,
-resumes restore KV into the (simulated) radix tree and requeue the request, and SGLang's
-PrefillAdder sees the restored requests, then LVF's admissions, then the rest of the queue.
+Mirrors RotaSchedRuntime._views, integration.views.free_blocks and RotaSchedRuntime._step: blocks
+are rotation blocks; a running request holds ceil((seqlen + decode reserve) / block); a waiting one
+needs its prompt and outputs not yet resident plus the reserve; a rotary one its host KV plus one
+token plus the reserve; free blocks are SGLang's admission budget (free minus running reserves).
+The decision's rotate-outs go first, resumes restore KV into the (simulated) radix tree and requeue
+the request, and SGLang's PrefillAdder sees the restored requests, then LVF's admissions, then the
+rest of the queue.
 """
 
 from __future__ import annotations
