@@ -37,7 +37,9 @@ from superinfer_sgl.sim.validate import DEFAULT_PROFILE, scaled, speed_scales, s
 from superinfer_sgl.sim.workload import RequestSpec, Workload  # noqa: E402
 
 AB = Path("results/ab_cpu_paired_mixed/ab.json")
-SYSTEMS = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": "goodput"}
+# name -> (the A/B server whose launch flags it runs with, simulator policy)
+SYSTEMS = {"sglang": ("sglang", "sglang"), "sglang-priority": ("sglang-priority", "sglang-priority"),
+           "superinfer": ("superinfer", "goodput")}
 
 
 def class_mix(cfg: dict) -> str:
@@ -108,15 +110,14 @@ def main() -> int:
     base = resolve_profile(DEFAULT_PROFILE)
     profile = scaled(base, speed_scales(base, cal)).with_server(
         kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
-    systems = dict(SYSTEMS, **{f"superinfer-{p}": p for p in a.also})
+    systems = dict(SYSTEMS, **{f"superinfer-{p}": ("superinfer", p) for p in a.also})
     classes = sorted({r["slo_class"] for r in cfg["requests"] if r.get("slo_class")})
     results: dict[str, dict[str, list[dict]]] = {}
     for pt in cfg["points"]:
         rate = pt["rate"]
         results[str(rate)] = {
-            s: [run(cfg, profile, s.split("-")[0] if s.startswith("superinfer") else s, pol, seed, rate)
-                for seed in range(1, a.seeds + 1)]
-            for s, pol in systems.items()}
+            name: [run(cfg, profile, server, pol, seed, rate) for seed in range(1, a.seeds + 1)]
+            for name, (server, pol) in systems.items()}
     out = {"command": "python scripts/sim_mixed_classes.py " + " ".join(sys.argv[1:]),
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "ab": str(a.ab), "slo_classes": cfg["slo_classes"], "classes": classes,

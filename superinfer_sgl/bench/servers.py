@@ -34,6 +34,7 @@ import requests
 
 from ..config import CONFIG_ENV
 from ..device_defaults import device_defaults
+from ..launch_checks import flag_value
 from ..launch_server import apply_device_defaults
 from ..plugin import CPU_COMPAT_ENV
 
@@ -109,28 +110,24 @@ def kv_bytes_per_token(model_path: str, dtype_bytes: int = 2) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * dtype_bytes
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
-
-
 def vllm_command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
     """vLLM's OpenAI server with what the shared SGLang flags mean: the same model, a KV cache of
     the same number of tokens (vLLM takes bytes: --kv-cache-memory-bytes), no sequence longer than
     that budget (vLLM refuses a cache that cannot hold one max-length sequence), the same prefill
     chunk per step (--max-num-batched-tokens), the same dtype. SGLang-only flags (attention
     backend, CUDA graphs, metrics, sleep on idle) have no counterpart and are dropped."""
-    model = _flag(shared, "--model-path")
-    kv_tokens = _flag(shared, "--max-total-tokens")
+    model = flag_value(shared, "--model-path")
+    kv_tokens = flag_value(shared, "--max-total-tokens")
     if model is None or kv_tokens is None:
         raise ValueError(f"vllm: the shared flags need --model-path and --max-total-tokens: {shared}")
-    dtype = _flag(shared, "--dtype") or "bfloat16"
+    dtype = flag_value(shared, "--dtype") or "bfloat16"
     # vLLM holds one block back (its null block): one more block's bytes leave kv_tokens usable
     kv_bytes = (int(kv_tokens) + VLLM_BLOCK_TOKENS) * kv_bytes_per_token(model)
     cmd = [spec.python or sys.executable, "-m", spec.module, "--model", model, "--dtype", dtype,
            "--max-model-len", kv_tokens, "--block-size", str(VLLM_BLOCK_TOKENS),
            "--kv-cache-memory-bytes", str(kv_bytes),
            "--host", HOST, "--port", str(port)]
-    chunk = _flag(shared, "--chunked-prefill-size")
+    chunk = flag_value(shared, "--chunked-prefill-size")
     if chunk is not None and int(chunk) > 0:
         cmd += ["--max-num-batched-tokens", chunk]
     return [*cmd, *spec.flags]
