@@ -12,7 +12,13 @@ but ranks by what a request can still gain:
 - best-effort: not viable. Still served (taking only memory that is free, never displacing
   anyone), and promoted ahead of everyone once it has waited `max_best_effort_wait_s` (the
   starvation bound: from then on it is first in line for memory).
-Within a tier, LVF's order by VLT, scaled by the SLO class's weight. Rotate-out victims are only
+Within a tier, earliest deadline first (`rank_key`: the slack of the SLO clock that is ticking,
+stretched by the SLO class's weight); VLT still decides who is urgent, i.e. who may take memory
+that rotation frees. EDF is what LVF's order is for one SLO (the oldest request is the most late),
+so single-class runs rank as before; across classes it puts a fresh request of a tight class
+before a loose one that still has seconds to spare, where LVF's absolute lag put the loose one
+first once it passed half its TTFT SLO. EDF's weakness, the overload domino, is what the tiers
+remove: a request that can no longer make its deadline leaves the viable tier. Rotate-out victims are only
 requests that can no longer meet their SLOs (rotating one out costs goodput nothing), and only
 when the stall the rotation adds to the step keeps every running request with no gap to spare
 within its TBT SLO. Likewise prefill: an iteration carries at most as many prefill tokens as keep
@@ -76,6 +82,22 @@ def ttft_reachable(view: ReqView, now: float, ahead_s: float, costs: StepCosts) 
     of other prefills (its first token is sampled by the prefill and streamed one step later)."""
     done = now + ahead_s + costs.prefill_s(view.prefill_tokens) + costs.decode_step_s
     return done <= view.arrival + view.ttft_slo
+
+
+def slack(view: ReqView, now: float) -> float:
+    """Seconds left on the SLO clock that is ticking for a waiting or rotary request: its TTFT
+    deadline before its first token, after it the current gap's TBT deadline (a rotary request,
+    or one waiting again after a recompute fallback). Negative: that deadline has passed."""
+    if view.last_token is None:
+        return view.arrival + view.ttft_slo - now
+    return view.last_token + view.tbt_slo - now
+
+
+def rank_key(view: ReqView, now: float) -> float:
+    """Order within a tier, smallest first: earliest deadline first, with the class weight
+    shrinking a request's slack (or stretching how late it is) so heavier classes go first."""
+    s = slack(view, now)
+    return s / view.weight if s >= 0 else s * view.weight
 
 
 def tier(view: ReqView, now: float, gp: GoodputParams) -> int:

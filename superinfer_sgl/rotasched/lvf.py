@@ -14,9 +14,10 @@ from superinfer_sgl.rotasched.goodput import BEST_EFFORT, PROMOTED, VIABLE, Good
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
-# Scan order as sortable rows: (tier, -weighted VLT, arrival, rid, view); rids are unique, so
-# views are never compared. The paper's rule puts everyone in one tier with weight 1.
-_Ranked = list[tuple[int, float, float, str, ReqView]]
+# Scan order as sortable rows: (tier, key, arrival, rid, view, urgent); rids are unique, so views
+# are never compared. The paper's rule: one tier, key -VLT. Goodput mode: gp_rules.tier, key
+# gp_rules.rank_key (earliest deadline first). Urgent: VLT > 0 (it may take memory rotation frees).
+_Ranked = list[tuple[int, float, float, str, ReqView, bool]]
 
 # Enum member lookups through the class cost ~0.1 us each; these run per view per iteration.
 _WAITING, _RUNNING, _ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
@@ -138,7 +139,7 @@ def _rank(
     goodput: GoodputParams | None,
 ) -> tuple[_Ranked, list[ReqView]]:
     """Step 2: sort by VLT descending, ties oldest arrival first, then rid (goodput mode: by
-    tier first, VLT scaled by the class weight).
+    tier first, then earliest deadline, `goodput.rank_key`).
 
     Returns the head candidates (waiting/rotary: `waiting_rotary`, the non-running views)
     and the tail candidates (rotatable running with VLT < 0) in tail-first order: the paper's
@@ -147,10 +148,10 @@ def _rank(
     """
     lags = vlts(waiting_rotary, now, params)
     if goodput is None:
-        pending = [(VIABLE, -lag, v.arrival, v.rid, v) for v, lag in zip(waiting_rotary, lags)]
+        pending = [(VIABLE, -lag, v.arrival, v.rid, v, lag > 0) for v, lag in zip(waiting_rotary, lags)]
     else:
-        pending = [(gp_rules.tier(v, now, goodput), -v.weight * lag, v.arrival, v.rid, v)
-                   for v, lag in zip(waiting_rotary, lags)]
+        pending = [(gp_rules.tier(v, now, goodput), gp_rules.rank_key(v, now), v.arrival, v.rid, v,
+                    lag > 0) for v, lag in zip(waiting_rotary, lags)]
     pending.sort()
     movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
     stints = vlts(movable, now, params)  # -stint length for running requests
@@ -198,11 +199,11 @@ class _HeadScan:
         used = inbound = 0
         ahead_s = 0.0
         queue = list(self.pending)
-        for tier, neg_key, arrival, rid, view in queue:  # a deferred row is appended: it comes last
-            urgent = tier == PROMOTED or (tier == VIABLE and neg_key < 0)
+        for tier, key, arrival, rid, view, hot in queue:  # a deferred row is appended: it comes last
+            urgent = tier == PROMOTED or (tier == VIABLE and hot)
             if goodput is not None and tier == VIABLE and view.last_token is None:
                 if not gp_rules.ttft_reachable(view, self.now, ahead_s, goodput.costs):
-                    queue.append((BEST_EFFORT, neg_key, arrival, rid, view))
+                    queue.append((BEST_EFFORT, key, arrival, rid, view, hot))
                     continue
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):

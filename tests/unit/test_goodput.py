@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams, lvf_decide
 from superinfer_sgl.rotasched.costs import CostMeter
-from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s, rank_key
 from superinfer_sgl.rotasched.planner import admission_order
 from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
@@ -70,13 +70,36 @@ def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line
     assert lvf_decide(views, 10, 0, NOW, P, young).admit == ("ok",)
 
 
+def test_earliest_deadline_first_across_classes() -> None:
+    # Scarce memory: a loose request past half its TTFT SLO (VLT 0.5 s, 2.5 s of slack left)
+    # and a fresh tight one (VLT 0, 1.3 s left). LVF serves the one with the larger lag; goodput
+    # the one whose deadline comes first, which the loose one can still afford to wait behind.
+    loose = waiting("loose", 3.0, ttft=5.5)
+    tight = waiting("tight", 0.2, ttft=1.5)
+    views = [loose, tight, running("r", 1.0)]
+    assert lvf_decide(views, 10, 0, NOW, P).admit == ("loose",)
+    assert lvf_decide(views, 10, 0, NOW, P, GP).admit == ("tight",)
+
+
 def test_class_weight_decides_who_gets_scarce_memory() -> None:
-    batchy = waiting("batch", 4.0, ttft=5.0, blocks=10)  # VLT 1.5 s
-    inter = waiting("inter", 1.0, ttft=1.5, blocks=10, weight=8.0)  # VLT 0.25 s x 8
+    batchy = waiting("batch", 4.5, ttft=5.0, blocks=10)  # 0.5 s of slack left
+    inter = waiting("inter", 0.5, ttft=1.5, blocks=10, weight=8.0)  # 1 s left, / 8
     views = [batchy, inter, running("r", 1.0)]
     assert lvf_decide(views, 10, 0, NOW, P, GP).admit == ("inter",)
-    same = [batchy, waiting("inter", 1.0, ttft=1.5, blocks=10), running("r", 1.0)]
+    same = [batchy, waiting("inter", 0.5, ttft=1.5, blocks=10), running("r", 1.0)]
     assert lvf_decide(same, 10, 0, NOW, P, GP).admit == ("batch",)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.integers(-500, 500), st.integers(-500, 500), st.floats(1.0, 16.0))
+def test_rank_key_orders_by_slack_and_a_weight_only_moves_its_own_class_ahead(
+        a_cs: int, b_cs: int, weight: float) -> None:
+    a, b = a_cs / 100, b_cs / 100  # slack in seconds, whole centiseconds (no float ties)
+    va = ReqView("a", W, NOW - 10.0 + a, None, None, 10.0, 0.1, 1, 0)
+    vb = ReqView("b", W, NOW - 10.0 + b, None, None, 10.0, 0.1, 1, 0)
+    assert (rank_key(va, NOW) < rank_key(vb, NOW)) == (a < b)
+    heavy = ReqView("a", W, va.arrival, None, None, 10.0, 0.1, 1, 0, weight=weight)
+    assert rank_key(heavy, NOW) <= rank_key(va, NOW)
 
 
 def test_only_requests_that_already_lost_are_rotated_out() -> None:
