@@ -11,12 +11,17 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
 from .rotasched.goodput import POLICIES as _GOODPUT_POLICIES
 from .rotasched.slo import DEFAULT_SLO
 from .rotasched.vlt import VltParams
+
+if TYPE_CHECKING:
+    from .rotasched.slo_conventions import SloConventions
 
 _VLT = VltParams()  # the paper's VLT defaults, defined once in rotasched.vlt
 
@@ -48,6 +53,12 @@ class SuperInferConfig:
     ttft_slo_ms: float = DEFAULT_SLO.ttft_ms
     tbt_slo_ms: float = DEFAULT_SLO.tbt_ms
     slo_classes: str | None = None
+    # The ecosystem's SLO conventions (rotasched/slo_conventions.py, docs/slo.md): overrides of
+    # the built-in OpenAI service_tier and x-smg-priority mappings to our classes, and SGLang's
+    # integer `priority` to classes by thresholds (None: priority is no SLO input).
+    slo_service_tiers: str | None = None
+    slo_gateway_classes: str | None = None
+    slo_priority_classes: str | None = None
     vlt_alpha: float = _VLT.alpha
     vlt_beta_ttft: float = _VLT.beta_ttft
     vlt_beta_tbt: float = _VLT.beta_tbt
@@ -58,7 +69,8 @@ class SuperInferConfig:
     # simulator on GH200 and on the CPU A/B); with goodput, 20 measured rotation costs
     # (rotasched.goodput.quantum_s).
     min_stint_ms: float | None = None
-    # None: the paper's 2400 blocks, capped at an eighth of the device KV pool per iteration.
+    # None (auto): what the KV link, as measured at startup, moves in one measured decode step,
+    # at most an eighth of the device KV pool (rotasched.planner.rotation_budget).
     rotation_budget_blocks: int | None = None
     rotary_block_tokens: int = 16
     rotary_pool_gb: float | None = None
@@ -108,6 +120,8 @@ class SuperInferConfig:
                 SloClasses.parse(self.slo_classes, default=Slo(self.ttft_slo_ms, self.tbt_slo_ms))
             except SloError as exc:
                 raise ConfigError(f"--slo-classes: {exc}") from None
+        if (self.slo_service_tiers, self.slo_gateway_classes, self.slo_priority_classes) != (None,) * 3:
+            slo_conventions(self)  # a bad mapping is a ConfigError naming its flag
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -120,9 +134,36 @@ class SuperInferConfig:
         return cls(**json.loads(raw))
 
 
+def slo_conventions(cfg: SuperInferConfig) -> SloConventions:
+    """How the server reads the ecosystem's SLO conventions (docs/slo.md), from its options."""
+    from .rotasched.slo import DEFAULT_CLASSES, Slo, SloClasses, SloError
+    from .rotasched.slo_conventions import SloConventions
+
+    classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms))
+    try:
+        return SloConventions.parse(classes, service_tiers=cfg.slo_service_tiers,
+                                    priority_classes=cfg.slo_priority_classes,
+                                    gateway_classes=cfg.slo_gateway_classes)
+    except SloError as exc:
+        raise ConfigError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+
+
 def _require(ok: bool, name: str, what: str) -> None:
     if not ok:
         raise ConfigError(f"--{name.replace('_', '-')} {what}")
+
+
+def _or_auto(kind: type) -> Callable[[str], object]:
+    """An argparse type: `auto` (None: the server derives the value) or a number of `kind`."""
+    def parse(text: str) -> object:
+        if text == "auto":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+    parse.__name__ = f"{kind.__name__} or auto"
+    return parse
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -141,16 +182,33 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tbt-slo-ms", type=float, default=d.tbt_slo_ms, help="default TBT SLO (ms)")
     g.add_argument("--slo-classes", default=d.slo_classes,
                    help="named SLO classes: a JSON object or a path to a JSON file")
+    g.add_argument("--slo-service-tiers", default=d.slo_service_tiers, metavar="JSON",
+                   help="OpenAI service_tier -> SLO class (null: the server default), over the "
+                        "built-in {\"priority\": \"interactive\", \"default\": null, \"flex\": "
+                        "\"batch\"} (auto follows default); a JSON object or a JSON file")
+    g.add_argument("--slo-gateway-classes", default=d.slo_gateway_classes, metavar="JSON",
+                   help="x-smg-priority header (Shepherd Model Gateway) -> SLO class, over the "
+                        "built-in {\"system\": \"interactive\", \"interactive\": \"interactive\", "
+                        "\"default\": null, \"bulk\": \"batch\"}; a JSON object or a JSON file")
+    g.add_argument("--slo-priority-classes", default=d.slo_priority_classes, metavar="JSON",
+                   help="map SGLang's integer request priority to SLO classes by thresholds: "
+                        "'{\"0\": \"batch\", \"10\": \"interactive\"}' reads priority >= 10 as "
+                        "interactive, 0..9 as batch, < 0 as the server default (default: priority "
+                        "sets no SLO)")
     g.add_argument("--vlt-alpha", type=float, default=d.vlt_alpha, help="VLT weight of rotary requests")
     g.add_argument("--vlt-beta-ttft", type=float, default=d.vlt_beta_ttft, help="VLT TTFT slack fraction")
     g.add_argument("--vlt-beta-tbt", type=float, default=d.vlt_beta_tbt, help="VLT TBT slack fraction")
-    g.add_argument("--min-stint-ms", type=float, default=d.min_stint_ms,
+    g.add_argument("--min-stint-ms", type=_or_auto(float), default=d.min_stint_ms, metavar="{MS,auto}",
                    help="rotation quantum: a running request is not rotated out before it has run "
                         "this long in its current stint (0: the paper's rule, any running request; "
-                        "default: 5000 with --policy paper, 20 measured rotation costs with goodput)")
-    g.add_argument("--rotation-budget-blocks", type=int, default=d.rotation_budget_blocks,
-                   help="B_xfer: rotation blocks moved per iteration in each direction (default: "
-                        "2400, the paper's, capped at 1/8 of the device KV pool)")
+                        "auto, the default: 5000 with --policy paper, 20 measured rotation costs "
+                        "with goodput)")
+    g.add_argument("--rotation-budget-blocks", type=_or_auto(int), default=d.rotation_budget_blocks,
+                   metavar="{N,auto}",
+                   help="B_xfer: rotation blocks moved per iteration in each direction (auto, the "
+                        "default: what the KV link, measured at startup, moves in one measured "
+                        "decode step, at most 1/8 of the device KV pool; the paper's 2400, so "
+                        "capped, until a step is measured)")
     g.add_argument("--rotary-block-tokens", type=int, default=d.rotary_block_tokens,
                    help="tokens per host rotation block")
     g.add_argument("--rotary-pool-gb", type=float, default=d.rotary_pool_gb,

@@ -38,6 +38,12 @@ class RotaSchedMetrics:
                                   ["outcome"])
         self.prefetch_bytes = Counter("superinfer_prefetch_bytes",
                                       "KV bytes brought back by prefetch (a subset of rotation_bytes{in})")
+        self.budget = Gauge("superinfer_rotation_budget_blocks",
+                            "Rotation blocks per iteration and direction (B_xfer; auto follows the step time)",
+                            multiprocess_mode="livemax")
+        self.link = Gauge("superinfer_kv_link_bytes_per_second",
+                          "KV copy speed measured at startup, slower direction (0: not measured)",
+                          multiprocess_mode="livemax")
         self._seen: dict[str, int] = {}
 
     def update(self, rt: Any) -> None:
@@ -56,6 +62,8 @@ class RotaSchedMetrics:
             self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", rt.engine.bytes_eager_out)
             self._advance(self.bytes_moved.labels("in"), "bytes_in", rt.engine.bytes_in)
             self._advance(self.prefetch_bytes, "bytes_prefetched", rt.engine.bytes_prefetched)
+        self.budget.set(rt.budget)
+        self.link.set(rt.link_bytes_per_s or 0.0)
         usage = rt.pool_usage()
         self.rotary_requests.set(len(rt.rotary))
         self.host_blocks_used.set(usage["host_blocks_used"])

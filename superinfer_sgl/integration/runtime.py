@@ -74,8 +74,9 @@ class RotaSchedRuntime:
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.bt = cfg.rotary_block_tokens
-        self.budget = planner.rotation_budget(cfg.rotation_budget_blocks,
-                                              getattr(sched, "max_total_num_tokens", 0), self.bt)
+        self.pool_tokens = getattr(sched, "max_total_num_tokens", 0)
+        self.link_bytes_per_s: float | None = None  # measured at startup (_init_engine)
+        self.budget = planner.rotation_budget(cfg.rotation_budget_blocks, self.pool_tokens, self.bt)
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
         self.prefetcher = Prefetcher(self)  # rotary requests whose KV is coming back early
@@ -131,9 +132,13 @@ class RotaSchedRuntime:
         )
         host = HostKVPool(blocks, dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype)
         self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
+        if self.cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
+            self.link_bytes_per_s = self.engine.measure_link()
+            logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", self.link_bytes_per_s / 1e9)
         logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s, "
-                    "rotation budget %d blocks/iteration", blocks, self.bt,
-                    blocks * host.bytes_per_block / 2**30, self.engine.transfer, self.budget)
+                    "rotation budget %d blocks/iteration%s", blocks, self.bt,
+                    blocks * host.bytes_per_block / 2**30, self.engine.transfer, self.budget,
+                    "" if self.link_bytes_per_s is None else " until a decode step is measured (auto)")
 
     def _broadcaster(self) -> Callable[[object], object]:
         tp_size = getattr(self.sched, "tp_size", 1)
@@ -180,6 +185,7 @@ class RotaSchedRuntime:
         now = time.monotonic()
         self.iteration += 1
         self._measure_last_step(sched, now)
+        self.budget = self._rotation_budget()
         live = [r for r in running_batch.reqs if not r.finished()]
         self.observe(live, now)
         if self.engine is None:
@@ -233,6 +239,14 @@ class RotaSchedRuntime:
         free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt)
         return planner.plan_step(views, free, self.budget, now, self.params,
                                  goodput, self.sched.chunked_req is not None)
+
+    def _rotation_budget(self) -> int:
+        """B_xfer: the flag, else what the measured link moves in one measured decode step."""
+        per_step = None
+        if self.link_bytes_per_s is not None and self.meter.observed["decode"] and self.engine is not None:
+            per_step = (self.link_bytes_per_s * self.meter.costs.decode_step_s
+                        / self.engine.host_pool.bytes_per_block)
+        return planner.rotation_budget(self.cfg.rotation_budget_blocks, self.pool_tokens, self.bt, per_step)
 
     def _measure_last_step(self, sched: Any, now: float) -> None:
         """Time from the previous iteration's start to this one's is the previous batch's step (an

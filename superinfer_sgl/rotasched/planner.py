@@ -22,13 +22,18 @@ PAPER_BUDGET_BLOCKS = 2400  # the paper's B_xfer
 BUDGET_POOL_SHARE = 8  # default budget: at most 1/8 of the device KV pool per iteration
 
 
-def rotation_budget(blocks: int | None, pool_tokens: int, block_tokens: int) -> int:
-    """B_xfer, rotation blocks per iteration and direction: `blocks` if set, else the paper's
-    2400 capped at an eighth of the device pool (2400 blocks exceed a small pool many times over;
-    then every iteration could reshuffle all of memory)."""
+def rotation_budget(blocks: int | None, pool_tokens: int, block_tokens: int,
+                    link_blocks_per_step: float | None = None) -> int:
+    """B_xfer, rotation blocks per iteration and direction: `blocks` if set (the flag), else
+    (auto) the blocks the KV link moves in one decode step, `link_blocks_per_step` (measured link
+    bandwidth times measured step time, over bytes per block: a step's copies then hide under the
+    next step's compute where they overlap, as on a GPU), or the paper's 2400 while that is unknown;
+    either way at most an eighth of the device pool (2400 blocks exceed a small pool many times
+    over; then every iteration could reshuffle all of memory)."""
     if blocks is not None:
         return blocks
-    return max(1, min(PAPER_BUDGET_BLOCKS, pool_tokens // block_tokens // BUDGET_POOL_SHARE))
+    link = PAPER_BUDGET_BLOCKS if link_blocks_per_step is None else int(link_blocks_per_step)
+    return max(1, min(link, pool_tokens // block_tokens // BUDGET_POOL_SHARE))
 
 
 def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:

@@ -33,7 +33,7 @@ def test_defaults_are_the_paper_settings() -> None:
     assert (cfg.ttft_slo_ms, cfg.tbt_slo_ms) == (5000.0, 100.0)
     assert cfg.vlt_alpha == 3.0
     assert (cfg.vlt_beta_ttft, cfg.vlt_beta_tbt) == (0.5, 0.0)
-    assert cfg.rotation_budget_blocks is None  # auto: 2400 capped at 1/8 of the device pool
+    assert cfg.rotation_budget_blocks is None  # auto: from the measured link (planner.rotation_budget)
     assert cfg.rotary_block_tokens == 16
     assert cfg.slo_classes is None and cfg.rotary_pool_gb is None and cfg.handshake_dir is None
     assert cfg.kv_transfer == "auto"
@@ -187,7 +187,8 @@ def test_cli_flags_are_in_their_own_group() -> None:
     assert len(ours) == 1
     flags = {s for a in ours[0]._group_actions for s in a.option_strings}
     assert flags == {
-        "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--vlt-alpha",
+        "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--slo-service-tiers",
+        "--slo-gateway-classes", "--slo-priority-classes", "--vlt-alpha",
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch", "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms",
@@ -233,3 +234,15 @@ def test_test_knobs_are_read_from_the_environment_once_into_the_config() -> None
         knobs_from_env({"SUPERINFER_TEST_ROTATE_INTERVAL": "often"})
     with pytest.raises(ConfigError, match="SUPERINFER_TEST_HOLD_ROTARY_ITERS must be >= 0"):
         SuperInferConfig(test_hold_rotary_iters=-1)
+
+
+def test_auto_or_a_number_for_the_derived_rotation_knobs() -> None:
+    parse = _parser().parse_args
+    auto = from_namespace(parse(["--rotation-budget-blocks", "auto", "--min-stint-ms", "auto"]))
+    assert auto.rotation_budget_blocks is None and auto.min_stint_ms is None
+    set_ = from_namespace(parse(["--rotation-budget-blocks", "12", "--min-stint-ms", "250"]))
+    assert set_.rotation_budget_blocks == 12 and set_.min_stint_ms == 250.0
+    for flag, bad in (("--rotation-budget-blocks", "1.5"), ("--rotation-budget-blocks", "lots"),
+                      ("--min-stint-ms", "soon")):
+        with pytest.raises(SystemExit):
+            parse([flag, bad])

@@ -217,3 +217,16 @@ def test_from_sglang_uses_the_real_pools_pointer_tables():
     before = rows_at(engine, slots)
     engine.load(engine.save(slots), torch.arange(20, 26))
     assert all(torch.equal(a, b) for a, b in zip(rows_at(engine, torch.arange(20, 26)), before))
+
+
+@pytest.mark.parametrize("transfer", ["torch", "triton-dma"])
+def test_measure_link_leaves_both_pools_as_they_were(transfer: str) -> None:
+    engine = make_engine(transfer, blocks=16, rows=64)
+    dev = engine.device_pool
+    before = [bits(b).clone() for b in dev.k_buffers + dev.v_buffers]
+    free = engine.host_pool.allocator.num_free
+    speed = engine.measure_link()
+    assert math.isfinite(speed) and speed > 0
+    assert all(torch.equal(bits(b), old) for b, old in zip(dev.k_buffers + dev.v_buffers, before))
+    assert engine.host_pool.allocator.num_free == free
+    assert engine.bytes_out == engine.bytes_in == engine.rotations_out == engine.rotations_in == 0

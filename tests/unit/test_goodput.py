@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams, lvf_decide
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s, rank_key
-from superinfer_sgl.rotasched.planner import admission_order
+from superinfer_sgl.rotasched.planner import admission_order, rotation_budget
 from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
 
@@ -194,3 +194,13 @@ def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
     # running requests still leave the step 70 prefill tokens (never a zero or negative chunk)
     assert chunk_tokens(512, d, mixed_rows=100) == 170 and chunk_tokens(150, d, mixed_rows=100) == 150
     assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, None, False).prefill_cap is None
+
+
+def test_rotation_budget_is_the_flag_else_one_step_of_the_measured_link_within_the_pool_cap() -> None:
+    pool, bt = 160_000, 16  # 10,000 blocks: the cap is 1,250
+    assert rotation_budget(7, pool, bt, link_blocks_per_step=500.0) == 7  # the flag wins
+    assert rotation_budget(None, pool, bt) == 1250  # not measured yet: the paper's 2400, capped
+    assert rotation_budget(None, 1_000_000, bt) == 2400
+    assert rotation_budget(None, pool, bt, link_blocks_per_step=375.9) == 375
+    assert rotation_budget(None, pool, bt, link_blocks_per_step=1e9) == 1250
+    assert rotation_budget(None, pool, bt, link_blocks_per_step=0.2) == 1  # always some progress
