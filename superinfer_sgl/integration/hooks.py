@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import SuperInferConfig
 from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
+from . import http_slo
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
@@ -53,6 +54,9 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     yield STREAMER, _streamer_class(), HookType.REPLACE
     yield "sglang.srt.sampling.sampling_params.SamplingParams.verify", _slo_verify(cfg), HookType.AFTER
     yield f"{TOKENIZER}.update_request_meta_info", _unwrap_meta, HookType.AROUND
+    # The ecosystem's SLO conventions (service_tier, priority, x-smg-priority, x-slo-*-ms) into
+    # custom_params, where the HTTP request is still at hand (http_slo.py, docs/slo.md).
+    yield f"{TOKENIZER}.generate_request", http_slo.around_generate(cfg), HookType.AROUND
 
 
 def _streamer_class() -> type:

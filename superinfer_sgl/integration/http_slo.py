@@ -1,0 +1,94 @@
+"""The ecosystem's SLO conventions at the HTTP layer: folded into a request's custom_params.
+
+Every generation request of the HTTP server (`/generate`, the OpenAI endpoints, `/v1/responses`,
+Ollama) reaches `TokenizerManager.generate_request(obj, request)` in the main process with the
+FastAPI request beside it: its headers, and the JSON body FastAPI already parsed (SGLang's OpenAI
+models drop fields they do not declare, e.g. `service_tier`). Wrapping that one method, we fold
+the conventions into `custom_params` (rotasched.slo_conventions: precedence, mappings), before
+SGLang normalizes the request and validates its sampling params (where our `SamplingParams.verify`
+hook checks the result). The folded keys then travel with the request to the scheduler, whose
+RotaSched runtime reads them like keys the client sent itself. A bad value raises ValueError,
+which SGLang turns into HTTP 400 (a streaming request gets it as the stream's error event, like
+SGLang's own validation errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from ..config import SuperInferConfig, slo_conventions
+from ..rotasched.slo_conventions import HEADERS, SERVICE_TIER_FIELD, SloConventions, fold_conventions
+from ..rotasched.slo import SloError
+
+
+def around_generate(cfg: SuperInferConfig) -> Callable[..., AsyncIterator[Any]]:
+    """AROUND hook of TokenizerManager.generate_request (an async generator method)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    conv = slo_conventions(cfg)
+
+    async def generate(original: Callable[..., AsyncIterator[Any]], self: Any, obj: Any,
+                       *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if isinstance(obj, GenerateReqInput):  # embedding requests have no SLO
+            await fold_request(conv, obj, args[0] if args else kwargs.get("request"))
+        async with contextlib.aclosing(original(self, obj, *args, **kwargs)) as responses:
+            async for response in responses:
+                yield response
+
+    return generate
+
+
+async def fold_request(conv: SloConventions, obj: Any, request: Any) -> None:
+    """Fold the conventions a generation request carries into `obj`'s sampling params (`obj`:
+    a GenerateReqInput; `request`: its FastAPI request, or None when the Engine API calls)."""
+    headers = _headers(request)
+    tier = await _body_field(request, SERVICE_TIER_FIELD)
+    priority = obj.priority if conv.maps_priority else None
+    if not headers and tier is None and priority is None:
+        return
+
+    def fold(params: Any) -> Any:
+        if params is not None and not isinstance(params, dict):
+            return params  # SGLang rejects it itself
+        custom = (params or {}).get("custom_params")
+        folded = fold_conventions(conv, custom, headers=headers, service_tier=tier, priority=priority)
+        return params if folded is custom else {**(params or {}), "custom_params": folded}
+
+    try:
+        if isinstance(obj.sampling_params, list):  # a batch: one dict per request
+            obj.sampling_params = [fold(p) for p in obj.sampling_params]
+        else:
+            obj.sampling_params = fold(obj.sampling_params)
+    except SloError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _headers(request: Any) -> dict[str, str]:
+    """Our SLO headers present on the request (repeated ones joined with ", ", as HTTP reads them)."""
+    raw: Mapping[str, str] | None = getattr(request, "headers", None)
+    if raw is None:
+        return {}
+    out: dict[str, str] = {}
+    for name in HEADERS:
+        values = raw.getlist(name) if hasattr(raw, "getlist") else [v for v in [raw.get(name)] if v is not None]
+        if values:
+            out[name] = ", ".join(values)
+    return out
+
+
+async def _body_field(request: Any, name: str) -> object:
+    """A top-level field of the request's JSON body (None: absent or no JSON body). FastAPI has
+    already read and parsed the body, so this reads Starlette's cached copy."""
+    if request is None or getattr(request, "method", None) not in ("POST", "PUT"):
+        return None
+    ctype = request.headers.get("content-type")
+    if ctype and "json" not in ctype.lower():
+        return None
+    try:
+        if f'"{name}"'.encode() not in await request.body():  # the common case: no parse at all
+            return None
+        body = await request.json()
+    except Exception:  # not JSON after all: FastAPI would have refused it already
+        return None
+    return body.get(name) if isinstance(body, dict) else None
