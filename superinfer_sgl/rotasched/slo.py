@@ -113,24 +113,25 @@ class SloClasses(Mapping[str, Slo]):
         A class may omit one of the two SLO keys; it then falls back to `default`. `weight`
         (optional, default 1) scales the class's urgency in the goodput policy.
         """
-        raw = _load_json(text_or_path)
+        raw = load_json(text_or_path)
         if not isinstance(raw, dict):
             raise SloError("slo_classes", "expected a JSON object of name -> {ttft_ms, tbt_ms}")
         return cls({name: _parse_class(name, body, default) for name, body in raw.items()})
 
 
-def _load_json(text_or_path: str) -> object:
+def load_json(text_or_path: str, option: str = "slo_classes") -> object:
+    """A JSON value given inline (starting with { or [) or as a path to a file; SloError naming
+    `option` (the flag it came from) when it is neither."""
     text = text_or_path.strip()
-    if not text.startswith("{"):
+    if not text.startswith(("{", "[")):
         try:
             text = Path(text).read_text()
         except OSError as e:
-            msg = f"not a JSON object and not a readable file: {e}"
-            raise SloError("slo_classes", msg) from None
+            raise SloError(option, f"not a JSON object and not a readable file: {e}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise SloError("slo_classes", f"bad JSON: {e}") from None
+        raise SloError(option, f"bad JSON: {e}") from None
 
 
 def _parse_class(name: str, body: object, default: Slo) -> Slo:

@@ -28,15 +28,13 @@ Pure Python, standard library only: the HTTP layer (integration.http_slo) gather
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 
-from .slo import SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, resolve_slo
+from .slo import SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, load_json, resolve_slo
 
 SERVICE_TIER_FIELD = "service_tier"
 PRIORITY_FIELD = "priority"
@@ -209,16 +207,7 @@ def _class_map(option: str, text_or_path: str | None, known: set[str], *, lower:
     """A JSON object (inline or a file) of key -> class name or null, every class known."""
     if text_or_path is None:
         return {}
-    text = text_or_path.strip()
-    if not text.startswith(("{", "[")):
-        try:
-            text = Path(text).read_text()
-        except OSError as e:
-            raise SloError(option, f"not a JSON object and not a readable file: {e}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SloError(option, f"bad JSON: {e}") from None
+    raw = load_json(text_or_path, option)
     if not isinstance(raw, dict):
         raise SloError(option, "expected a JSON object of value -> class name (or null)")
     out: dict[str, str | None] = {}
