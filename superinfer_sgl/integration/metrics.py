@@ -3,16 +3,44 @@
 SGLang runs prometheus_client in multiprocess mode; series created here in the scheduler process
 land in its PROMETHEUS_MULTIPROC_DIR and the HTTP process aggregates them. prometheus_client must
 therefore be imported only after SGLang has set that directory, i.e. lazily, in the scheduler.
+
+The headroom gauges (queue VLT, requests at risk, recent attainment: rotasched/headroom.py) are
+what a router or autoscaler reads; each carries a `dp_rank` label, so data-parallel ranks (one
+scheduler process each) stay apart. Their multiprocess mode is livemax: one process writes each
+label set (TP ranks of one DP rank would write the same value).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
+
+from ..rotasched import ReqState
+from ..rotasched.goodput import GoodputParams
+from ..rotasched.headroom import AttainmentWindow, headroom
+
+logger = logging.getLogger(__name__)
+
+
+def _dp_rank() -> str:
+    """This scheduler's data-parallel rank ("0" without DP, or outside a server)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        rank = getattr(get_parallel(), "dp_rank", None)
+    except Exception:  # an older/newer SGLang without the context: one rank
+        rank = None
+    return str(rank or 0)
 
 
 class RotaSchedMetrics:
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge
+    def __init__(self, registry: Any = None, window: int | None = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
+        Counter = _bind(Counter, registry)  # noqa: N806 - tests pass their own registry
+        Gauge = _bind(Gauge, registry)  # noqa: N806
 
         self.rotations_out = Counter("superinfer_rotations_out", "Requests rotated out to host memory")
         self.resumes = Counter("superinfer_resumes", "Rotary requests resumed on the device")
@@ -45,6 +73,35 @@ class RotaSchedMetrics:
                           "KV copy speed measured at startup, slower direction (0: not measured)",
                           multiprocess_mode="livemax")
         self._seen: dict[str, int] = {}
+        # Headroom for routers and autoscalers (docs/deploy.md).
+        self.rank = _dp_rank()
+        rank = ["dp_rank"]
+        self.vlt_max = Gauge("superinfer_queue_vlt_max_seconds",
+                             "Largest Virtual Lag Time among waiting and rotary requests (0: all within slack)",
+                             rank, multiprocess_mode="livemax")
+        self.waiting = Gauge("superinfer_waiting_requests", "Requests waiting for admission (RotaSched's view)",
+                             rank, multiprocess_mode="livemax")
+        self.at_risk = Gauge("superinfer_requests_at_risk",
+                             "Waiting or rotary requests that can no longer meet their TTFT/TBT SLOs even if "
+                             "served next (goodput's best-effort tier)", rank + ["state"],
+                             multiprocess_mode="livemax")
+        self.lost_running = Gauge("superinfer_running_requests_slo_lost",
+                                  "Running requests that can no longer meet both SLOs", rank,
+                                  multiprocess_mode="livemax")
+        self.recent_attainment = Gauge(
+            "superinfer_slo_attainment_recent",
+            "SLO attainment over the last finished requests of each class (see superinfer_slo_recent_requests)",
+            rank + ["slo_class", "slo"], multiprocess_mode="livemax")
+        self.recent_judged = Gauge(
+            "superinfer_slo_recent_requests",
+            "Finished requests the recent attainment is computed over, per class and SLO",
+            rank + ["slo_class", "slo"], multiprocess_mode="livemax")
+        self.window = AttainmentWindow() if window is None else AttainmentWindow(window)
+        self._headroom_failed = False
+        for g in (self.vlt_max, self.waiting, self.lost_running):
+            g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
+        for state in ("waiting", "rotary"):
+            self.at_risk.labels(self.rank, state).set(0)
 
     def update(self, rt: Any) -> None:
         """Advance counters by what changed since the last call (stats are plain ints)."""
@@ -68,6 +125,22 @@ class RotaSchedMetrics:
         self.rotary_requests.set(len(rt.rotary))
         self.host_blocks_used.set(usage["host_blocks_used"])
         self.host_blocks_total.set(usage["host_blocks_total"])
+        try:
+            self._update_headroom(rt)
+        except Exception:  # observability must never take the scheduler down; say so once
+            if not self._headroom_failed:
+                logger.exception("superinfer: headroom gauges not updated")
+            self._headroom_failed = True
+
+    def _update_headroom(self, rt: Any) -> None:
+        now = time.monotonic()
+        gp = GoodputParams(rt.meter.costs, rt.cfg.max_best_effort_wait_ms / 1000.0)
+        h = headroom(queue_views(rt, now), now, rt.params, gp)
+        self.vlt_max.labels(self.rank).set(h.vlt_max_s)
+        self.waiting.labels(self.rank).set(h.waiting)
+        self.at_risk.labels(self.rank, "waiting").set(h.at_risk_waiting)
+        self.at_risk.labels(self.rank, "rotary").set(h.at_risk_rotary)
+        self.lost_running.labels(self.rank).set(h.lost_running)
 
     def finished(self, slo_class: str | None, ttft_met: bool | None, tbt_met: bool | None) -> None:
         cls = slo_class or "default"
@@ -75,9 +148,47 @@ class RotaSchedMetrics:
         for slo, met in (("ttft", ttft_met), ("tbt", tbt_met), ("joint", joint)):
             if met is not None:
                 self.slo_requests.labels(cls, slo, "met" if met else "missed").inc()
+        self.window.add(slo_class, ttft_met, tbt_met)
+        for (c, slo), (met_n, judged) in self.window.attainment().items():
+            self.recent_attainment.labels(self.rank, c, slo).set(met_n / judged)
+            self.recent_judged.labels(self.rank, c, slo).set(judged)
 
     def _advance(self, counter: Any, key: str, value: int) -> None:
         delta = value - self._seen.get(key, 0)
         if delta > 0:
             counter.inc(delta)
         self._seen[key] = value
+
+
+def _bind(metric_cls: Any, registry: Any) -> Any:
+    def make(*args: Any, **kw: Any) -> Any:
+        return metric_cls(*args, registry=registry, **kw)
+
+    return make
+
+
+def queue_views(rt: Any, now: float) -> list[Any]:
+    """Views of the runtime's waiting, rotary and running requests, read-only, built the way the
+    scheduler builds its own (integration/views.py; block counts left at 0: headroom does not read
+    them). Requests without a clock yet (arrived after this step's observation) are skipped."""
+    from . import rotation
+    from . import views as req_views
+
+    out = []
+    running = getattr(getattr(rt.sched, "running_batch", None), "reqs", None) or []
+    for req in running:
+        clk = rt.clocks.get(req.rid)
+        if clk is not None and clk.run_start is not None and not req.finished():
+            out.append(req_views.view(clk, req, ReqState.RUNNING, 0, 0, False))
+    for req in rt.sched.waiting_queue:
+        clk = rt.clocks.get(req.rid)
+        if clk is None:
+            continue
+        resident = rotation.restorable_tokens(req) if req.rid in rt.resume_locks else 0
+        compute = len(req.origin_input_ids) + len(req.output_ids) - resident
+        out.append(req_views.view(clk, req, ReqState.WAITING, 0, 0, True, compute))
+    for rid, entry in rt.rotary.items():
+        clk = rt.clocks.get(rid)
+        if clk is not None and clk.last_token is not None:
+            out.append(req_views.view(clk, entry.req, ReqState.ROTARY, 0, 0, True))
+    return out

@@ -1,0 +1,89 @@
+"""The headroom gauges of /metrics, computed from a runtime-shaped object (RotaSchedMetrics.update)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from fakes import FakeReq, sampling
+from prometheus_client import CollectorRegistry
+
+from superinfer_sgl.integration.metrics import RotaSchedMetrics
+from superinfer_sgl.integration.runtime import RotationStats
+from superinfer_sgl.rotasched import ReqState, Slo, VltParams
+from superinfer_sgl.rotasched.clock import ReqClock
+from superinfer_sgl.rotasched.goodput import StepCosts
+
+
+def _rt(now: float) -> SimpleNamespace:
+    slo = Slo(1000.0, 50.0)  # 1 s TTFT, 50 ms TBT
+    fresh, stale = FakeReq("fresh", output_ids=[]), FakeReq("stale", output_ids=[])
+    parked = FakeReq("parked", output_ids=[1, 2, 3], sampling_params=sampling(max_new_tokens=40))
+    run = FakeReq("run", output_ids=[1] * 30, sampling_params=sampling(max_new_tokens=40))
+    clocks = {
+        "fresh": ReqClock("fresh", now - 0.1, slo),
+        "stale": ReqClock("stale", now - 3.0, slo, slo_class="interactive"),  # TTFT already gone
+        "parked": ReqClock("parked", now - 2.0, slo, state=ReqState.ROTARY, first_token=now - 1.9,
+                           last_token=now - 1.0, outputs_seen=3, gaps=2),
+        "run": ReqClock("run", now - 5.0, slo, state=ReqState.RUNNING, run_start=now - 1.0,
+                        first_token=now - 4.9, last_token=now - 0.01, outputs_seen=30, gaps=29,
+                        gaps_missed=10),  # 10 of 29 gaps missed: its TBT SLO is lost
+    }
+    return SimpleNamespace(
+        stats=RotationStats(), engine=None, budget=8, link_bytes_per_s=None, rotary={"parked": SimpleNamespace(req=parked)},
+        pool_usage=lambda: {"host_blocks_used": 0, "host_blocks_total": 0},
+        clocks=clocks, resume_locks={}, params=VltParams(3.0, 0.5, 0.0),
+        meter=SimpleNamespace(costs=StepCosts(1e-3, 0.0, 0.02, 0.0)),
+        cfg=SimpleNamespace(max_best_effort_wait_ms=60000.0),
+        sched=SimpleNamespace(waiting_queue=[fresh, stale], running_batch=SimpleNamespace(reqs=[run])),
+    )
+
+
+def _v(reg: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return reg.get_sample_value(name, {"dp_rank": "0", **labels})
+
+
+def test_headroom_gauges_from_the_runtime() -> None:
+    reg = CollectorRegistry()
+    m = RotaSchedMetrics(registry=reg)
+    assert _v(reg, "superinfer_queue_vlt_max_seconds") == 0.0  # present before any request
+    assert _v(reg, "superinfer_requests_at_risk", state="waiting") == 0.0
+    now = time.monotonic()
+    m.update(_rt(now))
+    # rotary "parked": its last token 1 s ago, alpha 3, beta_tbt 0 -> VLT ~3 s (the largest)
+    vlt = _v(reg, "superinfer_queue_vlt_max_seconds")
+    assert vlt is not None and 3.0 <= vlt < 3.5
+    assert _v(reg, "superinfer_waiting_requests") == 2.0
+    assert _v(reg, "superinfer_requests_at_risk", state="waiting") == 1.0  # "stale" only
+    # "parked" met its TTFT and missed none of its 2 gaps: 39 gaps in all may miss 3; still viable
+    assert _v(reg, "superinfer_requests_at_risk", state="rotary") == 0.0
+    assert _v(reg, "superinfer_running_requests_slo_lost") == 1.0
+
+
+def test_recent_attainment_per_class_window() -> None:
+    reg = CollectorRegistry()
+    m = RotaSchedMetrics(registry=reg, window=2)
+    m.finished("interactive", True, False)
+    assert _v(reg, "superinfer_slo_attainment_recent", slo_class="interactive", slo="ttft") == 1.0
+    assert _v(reg, "superinfer_slo_attainment_recent", slo_class="interactive", slo="joint") == 0.0
+    m.finished("interactive", False, True)
+    m.finished("interactive", True, True)  # the first request slides out of the 2-request window
+    assert _v(reg, "superinfer_slo_attainment_recent", slo_class="interactive", slo="joint") == 0.5
+    assert _v(reg, "superinfer_slo_recent_requests", slo_class="interactive", slo="joint") == 2.0
+    m.finished(None, True, None)
+    assert _v(reg, "superinfer_slo_attainment_recent", slo_class="default", slo="ttft") == 1.0
+    assert _v(reg, "superinfer_slo_attainment_recent", slo_class="default", slo="joint") is None
+    # the cumulative counters keep counting everything
+    assert reg.get_sample_value("superinfer_slo_requests_total",
+                                {"slo_class": "interactive", "slo": "joint", "outcome": "met"}) == 1.0
+
+
+def test_a_broken_runtime_does_not_break_update(caplog) -> None:  # type: ignore[no-untyped-def]
+    reg = CollectorRegistry()
+    m = RotaSchedMetrics(registry=reg)
+    rt = _rt(time.monotonic())
+    del rt.meter  # headroom cannot be computed; the rest of update still runs, once logged
+    m.update(rt)
+    m.update(rt)
+    assert reg.get_sample_value("superinfer_rotation_budget_blocks") == 8.0
+    assert sum("headroom gauges not updated" in r.message for r in caplog.records) == 1
