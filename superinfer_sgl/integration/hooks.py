@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import SuperInferConfig
 from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
-from . import http_slo
+from . import http_slo, input_guard
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
@@ -57,6 +57,8 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     # The ecosystem's SLO conventions (service_tier, priority, x-smg-priority, x-slo-*-ms) into
     # custom_params, where the HTTP request is still at hand (http_slo.py, docs/slo.md).
     yield f"{TOKENIZER}.generate_request", http_slo.around_generate(cfg), HookType.AROUND
+    # Empty prompts and out-of-vocabulary token ids crash SGLang's scheduler: 400 instead.
+    yield f"{TOKENIZER}._validate_one_request", input_guard.before_validate, HookType.BEFORE
 
 
 def _streamer_class() -> type:

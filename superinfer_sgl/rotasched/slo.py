@@ -16,6 +16,12 @@ SLO_CLASS_KEY = "slo_class"
 TTFT_KEY = "ttft_slo_ms"
 TBT_KEY = "tbt_slo_ms"
 
+# The longest SLO a request or a class may ask for: 1e9 ms, 11.6 days. A longer one means "no SLO"
+# in practice, and the policy's arithmetic (deadlines, slack divided by weights, a prefill budget
+# divided by a per-token cost) overflows to inf on values near the float range (1e308 ms was
+# accepted before), which would order requests by NaN or fail an int() in the scheduler.
+MAX_SLO_MS = 1e9
+
 DEFAULT_CLASSES = json.dumps(
     {
         "interactive": {"ttft_ms": 1000, "tbt_ms": 50},
@@ -37,9 +43,13 @@ def _positive(field: str, value: object) -> float:
     """A finite number > 0 (a weight), or SloError naming `field`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SloError(field, f"expected a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise SloError(field, "number is too large") from None
+    if not math.isfinite(number) or number <= 0:
         raise SloError(field, f"must be finite and > 0, got {value}")
-    return float(value)
+    return number
 
 
 def _positive_ms(field: str, value: object) -> float:
@@ -59,6 +69,14 @@ def _positive_ms(field: str, value: object) -> float:
         raise SloError(field, "number is too large") from None
     if not math.isfinite(ms) or ms <= 0:
         raise SloError(field, f"must be finite and > 0, got {ms}")
+    return ms
+
+
+def _slo_ms(field: str, value: object) -> float:
+    """An SLO a request or class asks for: a positive number of milliseconds up to MAX_SLO_MS."""
+    ms = _positive_ms(field, value)
+    if ms > MAX_SLO_MS:
+        raise SloError(field, f"must be at most {MAX_SLO_MS:.0e} ms, got {ms:g}")
     return ms
 
 
@@ -125,13 +143,34 @@ def load_json(text_or_path: str, option: str = "slo_classes") -> object:
     text = text_or_path.strip()
     if not text.startswith(("{", "[")):
         try:
-            text = Path(text).read_text()
-        except OSError as e:
+            text = Path(text).read_text(encoding="utf-8-sig")  # -sig: editors that write a BOM
+        except UnicodeDecodeError as e:
+            raise SloError(option, f"file {text_or_path!r} is not UTF-8 text: {e}") from None
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
             raise SloError(option, f"not a JSON object and not a readable file: {e}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise SloError(option, f"bad JSON: {e}") from None
+    except _DuplicateKey as e:
+        raise SloError(option, str(e)) from None
+    except RecursionError:
+        raise SloError(option, "bad JSON: nested too deeply") from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are all different: json.loads would keep the last of two equal
+    keys silently, so a class or mapping entry given twice (a copy-paste slip) would lose one."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} is given twice")
+        out[key] = value
+    return out
 
 
 def _parse_class(name: str, body: object, default: Slo) -> Slo:
@@ -144,8 +183,8 @@ def _parse_class(name: str, body: object, default: Slo) -> Slo:
         raise SloError(f"{name}.{unknown[0]}", "unknown key; expected ttft_ms, tbt_ms or weight")
     if not body.keys() & {"ttft_ms", "tbt_ms"}:
         raise SloError(name, "set ttft_ms, tbt_ms or both")
-    ttft = _positive_ms(f"{name}.ttft_ms", body.get("ttft_ms", default.ttft_ms))
-    tbt = _positive_ms(f"{name}.tbt_ms", body.get("tbt_ms", default.tbt_ms))
+    ttft = _slo_ms(f"{name}.ttft_ms", body["ttft_ms"]) if "ttft_ms" in body else default.ttft_ms
+    tbt = _slo_ms(f"{name}.tbt_ms", body["tbt_ms"]) if "tbt_ms" in body else default.tbt_ms
     return Slo(ttft, tbt, _positive(f"{name}.weight", body.get("weight", 1.0)))
 
 
@@ -170,7 +209,7 @@ def resolve_slo(
         base = classes[name]
     ttft, tbt = custom_params.get(TTFT_KEY), custom_params.get(TBT_KEY)
     return Slo(
-        base.ttft_ms if ttft is None else _positive_ms(TTFT_KEY, ttft),
-        base.tbt_ms if tbt is None else _positive_ms(TBT_KEY, tbt),
+        base.ttft_ms if ttft is None else _slo_ms(TTFT_KEY, ttft),
+        base.tbt_ms if tbt is None else _slo_ms(TBT_KEY, tbt),
         base.weight,
     )

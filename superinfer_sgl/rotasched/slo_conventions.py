@@ -34,7 +34,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .slo import SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, load_json, resolve_slo
+from .slo import (MAX_SLO_MS, SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, load_json,
+                  resolve_slo)
 
 SERVICE_TIER_FIELD = "service_tier"
 PRIORITY_FIELD = "priority"
@@ -152,6 +153,8 @@ def header_ms(header: str, raw: str) -> float:
     if not math.isfinite(ms) or ms <= 0:
         raise SloConventionError(header, f"must be a finite number of milliseconds > 0, got {raw!r}",
                                  header=True)
+    if ms > MAX_SLO_MS:
+        raise SloConventionError(header, f"must be at most {MAX_SLO_MS:.0e} ms, got {raw!r}", header=True)
     return ms
 
 
