@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from superinfer_sgl.bench.workloads import (  # noqa: E402
     assign_classes, parse_mix, poisson_arrivals, sharegpt_like,
 )
 from superinfer_sgl.rotasched.slo import Slo, SloClasses  # noqa: E402
+from superinfer_sgl.sim import steplog  # noqa: E402
 from superinfer_sgl.sim.engine import Simulator  # noqa: E402
 from superinfer_sgl.sim.metrics import request_outcomes  # noqa: E402
 from superinfer_sgl.sim.policies import make_policy  # noqa: E402
@@ -62,9 +64,9 @@ def workload(cfg: dict, seed: int, rate: float) -> tuple[Workload, dict[str, str
         {f"r{r.idx}": r.slo_class or "default" for r in reqs}
 
 
-def run(cfg: dict, profile, system: str, policy: str, seed: int, rate: float) -> dict:
+def run(cfg: dict, profile, system: str, policy: str, seed: int, rate: float, jitter: float = 0.0) -> dict:
     wl, cls = workload(cfg, seed, rate)
-    conf = system_config(cfg, system, policy, int(cfg["kv_tokens"]))
+    conf = replace(system_config(cfg, system, policy, int(cfg["kv_tokens"])), step_jitter=jitter, jitter_seed=seed)
     sim = Simulator(wl, profile, make_policy(policy), conf).run()
     rows = request_outcomes(sim)
     joint = {r["rid"]: bool(r["ttft_met"] and r["tbt_met"]) for r in rows}
@@ -77,6 +79,18 @@ def run(cfg: dict, profile, system: str, policy: str, seed: int, rate: float) ->
                      for k, k2 in (("ttft", "ttft_met"), ("tbt", "tbt_met"))}
         out[name]["joint"] = float(np.mean([joint[r["rid"]] for r in mine]))
     return out
+
+
+def measured_spread(ab: Path, base) -> float:
+    """Our server's step spread over the whole A/B (its step log), around the step model refit to
+    it; 0 when the A/B has no step log."""
+    log = ab.parent / "logs" / "superinfer.steps.jsonl"
+    if not log.exists():
+        return 0.0
+    steps = steplog.read_steps(log)
+    found = steplog.refit(base.step, steps)
+    spread = steplog.step_spread(found[0], steps, None) if found else None
+    return spread or 0.0
 
 
 def table(doc: dict) -> str:
@@ -103,6 +117,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--also", action="append", default=[], choices=["paper"], help="more policies for ours")
     ap.add_argument("--out", type=Path, default=Path("results/sim_mixed_classes"))
+    ap.add_argument("--step-jitter", type=float, default=None,
+                    help="spread of single steps (SimConfig.step_jitter); default: as measured in the A/B's "
+                         "step log of our server (drift included: no speed trace is replayed here); 0: none")
     a = ap.parse_args()
     doc = json.loads(a.ab.read_text())
     cfg = doc["config"]
@@ -110,24 +127,25 @@ def main() -> int:
     base = resolve_profile(DEFAULT_PROFILE)
     profile = scaled(base, speed_scales(base, cal)).with_server(
         kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
+    jitter = a.step_jitter if a.step_jitter is not None else measured_spread(a.ab, base)
     systems = dict(SYSTEMS, **{f"superinfer-{p}": ("superinfer", p) for p in a.also})
     classes = sorted({r["slo_class"] for r in cfg["requests"] if r.get("slo_class")})
     results: dict[str, dict[str, list[dict]]] = {}
     for pt in cfg["points"]:
         rate = pt["rate"]
         results[str(rate)] = {
-            name: [run(cfg, profile, server, pol, seed, rate) for seed in range(1, a.seeds + 1)]
+            name: [run(cfg, profile, server, pol, seed, rate, jitter) for seed in range(1, a.seeds + 1)]
             for name, (server, pol) in systems.items()}
     out = {"command": "python scripts/sim_mixed_classes.py " + " ".join(sys.argv[1:]),
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "ab": str(a.ab), "slo_classes": cfg["slo_classes"], "classes": classes,
-           "speed_scales": speed_scales(base, cal), "seeds": a.seeds, "results": results}
+           "speed_scales": speed_scales(base, cal), "step_jitter": jitter, "seeds": a.seeds, "results": results}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "mixed.json").write_text(json.dumps(out, indent=1) + "\n")
     text = table(out)
     (a.out / "table.md").write_text(f"# Mixed-class CPU workload in the simulator\n\n`{out['command']}` "
                                     f"({out['date_utc']}; SLO classes {cfg['slo_classes']}; "
-                                    f"{a.seeds} seeds per point)\n\n" + text)
+                                    f"{a.seeds} seeds per point; step jitter {jitter:.3f})\n\n" + text)
     print(text)
     return 0
 

@@ -264,7 +264,7 @@ class RotaSchedRuntime:
             rows = len(getattr(last, "decoding_reqs", None) or []) if mode.is_mixed() else 0
             tokens = int(getattr(last, "extend_num_tokens", 0) or 0) - rows
             decode = self.meter.costs.decode_step_s if rows else 0.0
-            self.meter.observe_prefill(tokens, now - start - decode)
+            self.meter.observe_prefill(tokens, now - start - decode, decode)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:

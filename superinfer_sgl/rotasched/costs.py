@@ -14,6 +14,11 @@ from superinfer_sgl.rotasched.goodput import StepCosts
 
 SMOOTHING = 0.1  # weight of the newest observation: about the last 10 steps of each kind
 MIN_PREFILL_TOKENS = 32  # smaller prefills are mostly fixed cost: they say little per token
+# The steps' spread (StepCosts.step_cv) is a property of the machine, not of the batch: averaged
+# over about the last 50 steps of any kind, starting from the prior's (0: the cap starts as it
+# was without a spread and tightens as the spread shows).
+SPREAD_SMOOTHING = 0.02
+SPREAD_CLIP = 1.0  # a step off by more (an idle turn, a stall) counts as off by this much
 
 
 class CostMeter:
@@ -24,6 +29,7 @@ class CostMeter:
         self._base = prior.prefill_base_s
         self._decode = prior.decode_step_s
         self._rotation = prior.rotation_s
+        self._spread_sq = prior.step_cv ** 2  # running mean of (step / predicted - 1) ** 2
         self.observed = {"decode": 0, "prefill": 0, "rotation": 0}
 
     def _mix(self, kind: str, old: float, new: float) -> float:
@@ -32,12 +38,24 @@ class CostMeter:
         self.observed[kind] = seen + 1
         return new if seen == 0 else old + self._a * (new - old)
 
+    def _spread(self, seconds: float, predicted: float) -> None:
+        """One step against what the means predicted for it before it was folded in."""
+        if predicted > 0:
+            rel = min(SPREAD_CLIP, abs(seconds / predicted - 1.0))
+            self._spread_sq += SPREAD_SMOOTHING * (rel * rel - self._spread_sq)
+
     def observe_decode(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds >= 0:
+            if self.observed["decode"]:
+                self._spread(seconds, self._decode)
             self._decode = self._mix("decode", self._decode, seconds)
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
+    def observe_prefill(self, tokens: int, seconds: float, decode_s: float = 0.0) -> None:
+        """`seconds`: the prefill's share of its step; `decode_s`: the decode step it rode with
+        (a mixed step), so that the spread is measured on the whole step, as the cap uses it."""
         if tokens >= MIN_PREFILL_TOKENS and math.isfinite(seconds) and seconds >= 0:
+            if self.observed["prefill"]:
+                self._spread(seconds + decode_s, self._base + self._per_token * tokens + decode_s)
             per_token = max(0.0, seconds - self._base) / tokens
             self._per_token = self._mix("prefill", self._per_token, per_token)
 
@@ -47,4 +65,4 @@ class CostMeter:
 
     @property
     def costs(self) -> StepCosts:
-        return StepCosts(self._per_token, self._base, self._decode, self._rotation)
+        return StepCosts(self._per_token, self._base, self._decode, self._rotation, math.sqrt(self._spread_sq))

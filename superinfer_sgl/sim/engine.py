@@ -10,8 +10,11 @@ emit_after_next_step, the next iteration's: SGLang's overlap scheduler on a CPU)
 
 from __future__ import annotations
 
+import math
+import random
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from superinfer_sgl.rotasched.request_view import ReqState
@@ -80,6 +83,7 @@ class Simulator:
         self._trace_t = [t for t, _ in self.config.speed_trace]
         self._trace_f = [f for _, f in self.config.speed_trace]
         self.stats = SimStats()
+        self._jitter = _jitter(self.config.step_jitter, self.config.jitter_seed)
         self._next = 0  # next arrival index
         self._done = 0
         self._out = self._in = 0.0  # bytes moved this iteration
@@ -120,6 +124,8 @@ class Simulator:
         compute = step.seconds(tokens, pairs, len(batch), len(decoding), context)
         if restored:
             compute += step.per_resume_s * restored
+        if self._jitter is not None:
+            compute *= self._jitter()
         if self._trace_t:
             i = bisect_right(self._trace_t, self.now)
             compute *= self._trace_f[i - 1] if i else 1.0
@@ -402,3 +408,13 @@ class Simulator:
         s.transfer_s += xfer
         s.compute_s += compute
         s.sched_s += plan.sched_s
+
+
+def _jitter(cv: float, seed: int) -> Callable[[], float] | None:
+    """Factors with mean 1 and coefficient of variation `cv` (lognormal: a step is never
+    negative, and slow outliers are likelier than fast ones), or None for deterministic steps."""
+    if cv <= 0:
+        return None
+    sigma = math.sqrt(math.log1p(cv * cv))
+    rng = random.Random(seed)
+    return lambda: rng.lognormvariate(-sigma * sigma / 2, sigma)

@@ -27,10 +27,16 @@ class SimConfig:
     # every step's compute from then on (a replay of a measured run: sim/steplog.speed_trace).
     # Empty: the profile's speed throughout.
     speed_trace: tuple[tuple[float, float], ...] = ()
+    # Spread of single steps (coefficient of variation of each step's compute time around the
+    # profile's, lognormal, seeded by jitter_seed): the CPU server's steps spread 10-20% around
+    # any model of them (docs/journal.md#jitter). 0: deterministic steps.
+    step_jitter: float = 0.0
+    jitter_seed: int = 0
     # Goodput mode's starvation bound (the server's --max-best-effort-wait-ms).
     max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
+        assert 0 <= self.step_jitter < 10, self.step_jitter
         assert all(f > 0 for _, f in self.speed_trace), self.speed_trace
         assert [t for t, _ in self.speed_trace] == sorted(t for t, _ in self.speed_trace), self.speed_trace

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from superinfer_sgl.rotasched.costs import SPREAD_CLIP
 from superinfer_sgl.sim.profile import StepModel
 
 MIN_STEPS = 20  # fewer steps of a kind in a window: no factor for that kind (the profile's own)
@@ -195,3 +196,29 @@ def speed_trace(model: StepModel, steps: Sequence[Step], t0: float,
             acc[2] += 1
     return tuple((k * bucket_s, m / p if n >= TRACE_MIN_STEPS and p > 0 else 1.0)
                  for k, (m, p, n) in sorted(buckets.items()))
+
+
+def step_spread(model: StepModel, steps: Sequence[Step], bucket_s: float | None = TRACE_BUCKET_S) -> float | None:
+    """How much single steps spread around `model` (for SimConfig.step_jitter): the RMS of each
+    timed step's period over its prediction, less 1, clipped as the server's CostMeter clips it.
+    With `bucket_s`, each prediction is first scaled by its bucket's speed (what speed_trace
+    replays), leaving the spread within buckets; None: drift over the log counts as spread too.
+    None over fewer than MIN_STEPS timed steps."""
+    timed = [(s, predicted_s(model, s)) for s in steps if s.period_s is not None]
+    timed = [(s, p) for s, p in timed if p > 0]
+    if len(timed) < MIN_STEPS:
+        return None
+    factor: dict[int, float] = {}
+    if bucket_s is not None:
+        t0 = timed[0][0].t
+        sums: dict[int, list[float]] = {}
+        for s, p in timed:
+            acc = sums.setdefault(int((s.t - t0) // bucket_s), [0.0, 0.0])
+            acc[0] += s.period_s or 0.0
+            acc[1] += p
+        factor = {k: m / q for k, (m, q) in sums.items()}
+        rel = [(s.period_s or 0.0) / (p * factor[int((s.t - t0) // bucket_s)]) - 1.0 for s, p in timed]
+    else:
+        rel = [(s.period_s or 0.0) / p - 1.0 for s, p in timed]
+    clipped = np.minimum(np.abs(np.array(rel)), SPREAD_CLIP)
+    return float(np.sqrt(np.mean(clipped ** 2)))

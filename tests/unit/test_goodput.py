@@ -204,3 +204,50 @@ def test_rotation_budget_is_the_flag_else_one_step_of_the_measured_link_within_t
     assert rotation_budget(None, pool, bt, link_blocks_per_step=375.9) == 375
     assert rotation_budget(None, pool, bt, link_blocks_per_step=1e9) == 1250
     assert rotation_budget(None, pool, bt, link_blocks_per_step=0.2) == 1  # always some progress
+
+
+def test_prefill_cap_aims_lower_where_steps_spread() -> None:
+    import dataclasses
+
+    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, JITTER_Z, cap_share, prefill_cap
+
+    tight = [running("t", 1.0, misses_left=0, tbt=0.1)]
+    costs = dataclasses.replace(COSTS, prefill_s_per_token=5e-4)  # 0.5 ms per token: room above the floor
+    assert cap_share(0.0) == CAP_TBT_SHARE and prefill_cap(tight, costs) == 140
+    # 20% spread: a step aimed at 0.1 / (1 + 1.28 x 0.2) = 79.6 ms exceeds 100 ms ~10% of the time
+    spread = dataclasses.replace(costs, step_cv=0.2)
+    assert math.isclose(cap_share(0.2), 1 / (1 + JITTER_Z * 0.2))
+    assert prefill_cap(tight, spread) == int((0.1 / (1 + JITTER_Z * 0.2) - 0.02) / 5e-4) == 119
+    # a small spread stays at the fixed share: it already leaves that much margin
+    assert cap_share(0.05) == CAP_TBT_SHARE
+
+
+@given(st.floats(0.0, 5.0), st.floats(0.0, 5.0))
+def test_cap_share_never_grows_with_the_spread(a: float, b: float) -> None:
+    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, cap_share
+
+    lo, hi = sorted((a, b))
+    assert 0 < cap_share(hi) <= cap_share(lo) <= CAP_TBT_SHARE
+
+
+def test_cost_meter_measures_the_spread_of_steps_around_its_means() -> None:
+    from superinfer_sgl.rotasched.costs import SPREAD_CLIP
+
+    steady = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    for _ in range(300):
+        steady.observe_decode(0.05)
+    assert steady.costs.step_cv == 0.0
+    # decode steps alternating 20% above and below their mean: a spread of ~0.2
+    m = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    for i in range(2000):
+        m.observe_decode(0.05 * (1.2 if i % 2 else 0.8))
+    assert 0.17 < m.costs.step_cv < 0.23
+    # an idle turn counted as one enormous step moves it by at most the clip's share
+    before = m.costs.step_cv
+    m.observe_decode(100.0)
+    assert m.costs.step_cv ** 2 <= before ** 2 + 0.02 * SPREAD_CLIP ** 2 + 1e-12
+    # mixed steps are measured whole: prefill share plus the decode step it rode with
+    p = CostMeter(StepCosts(1e-3, 0.0, 0.05, 0.0))
+    for i in range(2000):
+        p.observe_prefill(100, (0.15 * (1.1 if i % 2 else 0.9)) - 0.05, decode_s=0.05)
+    assert 0.07 < p.costs.step_cv < 0.13

@@ -72,7 +72,8 @@ class RotaSched(Policy):
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
         # decode already holds the step's fixed time (base_s): a prefill adds only its own
-        costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s)
+        costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s,
+                          sim.config.step_jitter)
         return GoodputParams(costs, sim.config.max_best_effort_wait_s)
 
     # ---- views (runtime._views) --------------------------------------------------------------
