@@ -21,7 +21,6 @@ CPU suite runs the torch path. Not yet run: the engine inside SGLang on a GPU se
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
 from superinfer_sgl.duplexkv.prefetch import PrefetchTable
 from superinfer_sgl.duplexkv.streams import After, CopyEvent, CopyLane, InflightCopies, RotationHandle, as_events
 from superinfer_sgl.duplexkv.transfer import TRANSFERS, gather_batch, make_path, pick_transfer, scatter_batches
-
-LINK_PROBE_BLOCKS = 64  # measure_link's round trip: enough bytes that launch overheads do not dominate
 
 __all__ = ["TRANSFERS", "HostKV", "RotateIn", "RotateOut", "RotationEngine", "pick_transfer"]
 
@@ -126,28 +123,6 @@ class RotationEngine:
         self._reap()
         self.prefetches_cancelled += self._prefetched.drop_overlapping(host_kv)
         self.host_pool.allocator.decref(host_kv.block_ids)
-
-    def measure_link(self, blocks: int = LINK_PROBE_BLOCKS) -> float:
-        """Bytes per second of one rotation's copy, the slower direction of a round trip of
-        `blocks` host blocks through this engine's own copy path (after one untimed warm-up, which
-        also compiles the kernels). For the server's rotation budget, called at startup when no
-        request holds KV: it reads device slots 1.. and writes the same bytes back, so the pool
-        is left as it was. Uses at most a quarter of the host pool and of the device pool."""
-        bt = self.host_pool.block_tokens
-        blocks = max(1, min(blocks, self.host_pool.allocator.num_free // 4,
-                            (self.device_pool.rows - 1) // bt // 4))
-        slots = torch.arange(1, 1 + blocks * bt, device=self.device_pool.device)
-        seconds = []
-        for n_tokens in (bt, blocks * bt):  # the warm-up, then the timed round trip
-            t0 = time.perf_counter()
-            kv = self.save(slots[:n_tokens])
-            t1 = time.perf_counter()
-            self.load(kv, slots[:n_tokens])
-            t2 = time.perf_counter()
-            self.free(kv)
-            seconds = [t1 - t0, t2 - t1]
-        self.bytes_out = self.bytes_in = self.rotations_out = self.rotations_in = 0  # not rotations
-        return blocks * self.host_pool.bytes_per_block / max(max(seconds), 1e-9)
 
     # ---- full duplex and prefetch
     def rotate(

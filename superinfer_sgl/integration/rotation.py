@@ -25,6 +25,26 @@ from ..duplexkv.streams import CopyEvent, RotationHandle
 
 
 @dataclass
+class RotationStats:
+    """The runtime's counters (integration/metrics.py exports them)."""
+
+    rotations_out: int = 0
+    resumes: int = 0
+    recompute_fallbacks: int = 0
+    sglang_retractions: int = 0
+    forced_rotations: int = 0
+    aborted_rotary: int = 0
+    kv_verified: int = 0
+    kv_mismatches: int = 0
+    duplex_steps: int = 0  # steps whose one rotate call carried both outs and ins
+    prefetches: int = 0
+    prefetch_hits: int = 0  # resumes that found their KV already prefetched
+    prefetch_cancelled: int = 0
+    decisions: int = 0
+    contended_decisions: int = 0
+
+
+@dataclass
 class RotaryEntry:
     """A rotated-out request and where its KV lives in the host pool."""
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
 from ..duplexkv.host_pool import HostKVPool
+from ..duplexkv.link_probe import measure_link
 from ..rotasched import (
     DEFAULT_CLASSES,
     Decision,
@@ -33,6 +33,7 @@ from ..rotasched.costs import CostMeter
 from ..rotasched.goodput import GoodputParams, StepCosts, quantum_s
 from ..rotasched.clock import ReqClock
 from . import rotation
+from .rotation import RotationStats
 from . import views as req_views
 from .kv_adapter import UnsupportedKVPool, device_pool_view
 from .prefetch import Prefetcher
@@ -44,24 +45,6 @@ DEFAULT_HOST_RAM_FRACTION = 0.25
 # profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
-
-
-@dataclass
-class RotationStats:
-    rotations_out: int = 0
-    resumes: int = 0
-    recompute_fallbacks: int = 0
-    sglang_retractions: int = 0
-    forced_rotations: int = 0
-    aborted_rotary: int = 0
-    kv_verified: int = 0
-    kv_mismatches: int = 0
-    duplex_steps: int = 0  # steps whose one rotate call carried both outs and ins
-    prefetches: int = 0
-    prefetch_hits: int = 0  # resumes that found their KV already prefetched
-    prefetch_cancelled: int = 0
-    decisions: int = 0
-    contended_decisions: int = 0
 
 
 class RotaSchedRuntime:
@@ -133,7 +116,7 @@ class RotaSchedRuntime:
         host = HostKVPool(blocks, dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype)
         self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
         if self.cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
-            self.link_bytes_per_s = self.engine.measure_link()
+            self.link_bytes_per_s = measure_link(self.engine)
             logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", self.link_bytes_per_s / 1e9)
         logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s, "
                     "rotation budget %d blocks/iteration%s", blocks, self.bt,

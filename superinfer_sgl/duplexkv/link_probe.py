@@ -1,0 +1,38 @@
+"""How fast this machine moves KV through a rotation engine: the auto rotation budget's input.
+
+`launch_server`'s runtime calls `measure_link` once at startup (`--rotation-budget-blocks auto`),
+before any request holds KV; `planner.rotation_budget` turns the speed into blocks per step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from superinfer_sgl.duplexkv.engine import RotationEngine
+
+LINK_PROBE_BLOCKS = 64  # the round trip's size: enough bytes that launch overheads do not dominate
+
+
+def measure_link(engine: RotationEngine, blocks: int = LINK_PROBE_BLOCKS) -> float:
+    """Bytes per second of one rotation's copy, the slower direction of a round trip of `blocks`
+    host blocks through `engine`'s own copy path (after one untimed warm-up, which also compiles
+    the kernels). It reads device slots 1.. and writes the same bytes back, so the pool is left as
+    it was, and resets the engine's traffic counters (a probe is not a rotation). Uses at most a
+    quarter of the host pool and of the device pool."""
+    bt = engine.host_pool.block_tokens
+    blocks = max(1, min(blocks, engine.host_pool.allocator.num_free // 4,
+                        (engine.device_pool.rows - 1) // bt // 4))
+    slots = torch.arange(1, 1 + blocks * bt, device=engine.device_pool.device)
+    seconds = []
+    for n_tokens in (bt, blocks * bt):  # the warm-up, then the timed round trip
+        t0 = time.perf_counter()
+        kv = engine.save(slots[:n_tokens])
+        t1 = time.perf_counter()
+        engine.load(kv, slots[:n_tokens])
+        t2 = time.perf_counter()
+        engine.free(kv)
+        seconds = [t1 - t0, t2 - t1]
+    engine.bytes_out = engine.bytes_in = engine.rotations_out = engine.rotations_in = 0
+    return blocks * engine.host_pool.bytes_per_block / max(max(seconds), 1e-9)
