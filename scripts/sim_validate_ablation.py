@@ -8,6 +8,7 @@ Variants, each adding to the previous one:
   lag          + the overlap scheduler's one-step result lag (profile server.emit_after_next_step)
   refit        + the step model's slopes refit to the point's steps
   trace        + the machine's speed over the point in 3 s buckets (the default of --rescale)
+  jitter       + single steps spread around it as much as the point's steps did within buckets
 
 Usage: python scripts/sim_validate_ablation.py results/ab_cpu_sharegpt_0123c [more A/B folders]
 Writes results/sim_validate_ablation.json and .md (rows passing per variant and A/B).
@@ -34,6 +35,7 @@ VARIANTS = {
     "lag": (True, True, "scale"),
     "refit": (True, True, "refit"),
     "trace": (True, True, "trace"),
+    "jitter": (True, True, "jitter"),  # trace + the spread of single steps within its buckets
 }
 
 

@@ -240,7 +240,7 @@ def speed_scales(profile: Profile, calibration: dict | None) -> dict | None:
     return {"decode": decode, "prefill": prefill}
 
 
-STEP_LOG_USES = ("trace", "refit", "scale")  # what --rescale takes from a step log (ablations: docs/sim.md)
+STEP_LOG_USES = ("trace", "refit", "scale", "jitter")  # what --rescale takes from a step log (ablations: docs/sim.md)
 
 
 def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, first_arrival_s: float = 0.0,
@@ -248,7 +248,8 @@ def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, fir
     """The profile at a point's own speed. From the server's step log over the point's window
     (A/Bs since 2026-11-23 log every iteration): use "scale" two factors, "refit" the step
     model refit to the window, "trace" that plus the machine's speed over the point in 3 s
-    buckets (scales['trace'], for SimConfig.speed_trace). Else scaled to the probe run right
+    buckets (scales['trace'], for SimConfig.speed_trace), "jitter" that plus the spread of single
+    steps within those buckets (scales['spread'], for SimConfig.step_jitter). Else scaled to the probe run right
     before the point. (None, None, None) when the point has neither."""
     assert use in STEP_LOG_USES, use
     log = ab_path.parent / "logs" / f"{system.replace('#', '_')}.steps.jsonl"
@@ -260,8 +261,10 @@ def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, fir
         if found:
             step, scales = found
             t0 = steplog.bench_start(window, first_arrival_s, profile.server.request_overhead_s)
-            trace = steplog.speed_trace(step, window, t0) if t0 is not None and use == "trace" else ()
-            return replace(profile, step=step), {**scales, "trace": trace}, "step log"
+            traced = t0 is not None and use in ("trace", "jitter")
+            trace = steplog.speed_trace(step, window, t0) if traced else ()
+            spread = steplog.step_spread(step, window) if use == "jitter" else None
+            return replace(profile, step=step), {**scales, "trace": trace, "spread": spread}, "step log"
     probed = point.get("speed_probe")
     if probed:
         scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
@@ -320,7 +323,8 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
             pt_prof, pt_scales, source = prof, scales, "opening probe" if scales else "profile as measured"
         pt_prof = pt_prof.with_server(**server_limits)
         config = replace(system_config(cfg, pt.system, policy, pt_prof.server.kv_tokens),
-                         speed_trace=tuple((pt_scales or {}).get("trace") or ()))
+                         speed_trace=tuple((pt_scales or {}).get("trace") or ()),
+                         step_jitter=(pt_scales or {}).get("spread") or 0.0)
         sim = simulate(workload, pt_prof, policy, config)
         measured, simulated = _measured(pt.summary), _simulated(sim)
         counters = point.get("counters") or {}
