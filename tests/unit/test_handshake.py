@@ -67,7 +67,7 @@ def test_report_and_verify_hooks_round_trip() -> None:
     from superinfer_sgl.integration import handshake
 
     installed = ["a.b.C.d"]
-    (_, report, _), (_, verify, _) = handshake.hooks(CFG, installed)
+    (_, report, _), (_, verify, _), *_ = handshake.hooks(CFG, installed)
     runtime = SimpleNamespace(engine=None, disabled_reason=None)
     info = report({"max_total_num_tokens": 1}, SimpleNamespace(tp_rank=0, _superinfer=runtime))
     assert info[INIT_INFO_KEY]["hooks"] == installed and info[INIT_INFO_KEY]["tp_rank"] == 0
