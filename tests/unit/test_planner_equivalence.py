@@ -43,6 +43,7 @@ Fields that legitimately differ and are not compared:
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
@@ -477,3 +478,21 @@ def test_server_and_simulator_decide_the_same(monkeypatch: pytest.MonkeyPatch, s
         assert any(d.prefill_cap is not None for d in decisions)
     else:  # LVF moves somebody (rotation for the urgent waiting requests)
         assert any(d.rotate_out for d in decisions)
+
+
+# The same script under other server settings: SGLang's new-token ratio instead of ignore_eos
+# (reserves shrink, so who fits changes), a 1 s starvation bound (goodput promotes best-effort
+# requests), and a 100 ms rotation quantum (young running requests are not victims).
+VARIANTS = [dataclasses.replace(CONTENTION, name="ratio", ratio=0.5),
+            dataclasses.replace(CONTENTION, name="promotion", best_effort_wait_ms=1000.0),
+            dataclasses.replace(CONTENTION, name="quantum", stint_ms=100.0)]
+
+
+@pytest.mark.parametrize("policy", ["paper", "goodput"])
+@pytest.mark.parametrize("sc", VARIANTS, ids=lambda s: s.name)
+def test_variants_decide_the_same(monkeypatch: pytest.MonkeyPatch, sc: Scenario, policy: str) -> None:
+    decisions = run_scenario(monkeypatch, sc, policy)
+    assert any(not d.is_noop for d in decisions)  # the planner moved somebody: not a vacuous match
+    base = run_scenario(monkeypatch, CONTENTION, policy)
+    if sc.name == "promotion" and policy == "goodput":
+        assert decisions != base  # the bound changed what goodput did
