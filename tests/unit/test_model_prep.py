@@ -125,6 +125,20 @@ def test_is_prepared_fingerprint(tmp_path: Path, src: GgufSource) -> None:
     assert not is_prepared(tmp_path, src)
 
 
+def test_fingerprint_ignores_mtime_but_not_content(tmp_path: Path, src: GgufSource) -> None:
+    """Two virtualenvs install the same wheel with different mtimes and share the prepared folder:
+    they must agree on it, or each re-converts it under the other's servers."""
+    import os
+
+    twin = tmp_path / "other-venv" / src.path.name
+    twin.parent.mkdir()
+    twin.write_bytes(src.path.read_bytes())
+    os.utime(twin, (1_000_000, 1_000_000))
+    assert model_prep._fingerprint(GgufSource(twin, "0.1.2")) == model_prep._fingerprint(src)
+    twin.write_bytes(b"GGUF" + bytes(59) + b"x")  # same size, one byte changed
+    assert model_prep._fingerprint(GgufSource(twin, "0.1.2")) != model_prep._fingerprint(src)
+
+
 # --- prepare_default_model ----------------------------------------------------------------------
 
 
