@@ -224,11 +224,8 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
         # (ours was evicted meanwhile) and may differ in its bits. Lossless means the request reads
         # its own bytes: it continues in a cache namespace of its own (SGLang's cache_salt).
         req.cache_salt = private_cache_salt(req)
-    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes).
-    # Open (docs/status.md): SGLang 0.5.23's RadixCache.insert does not free them, and the planner
-    # equivalence test saw slots go missing after a resume while the tree still held the prefix;
-    # freeing `inc.slots[:prefix_len]` here over-freed 4 slots in a live server under forced
-    # rotations (negative pool usage at warmup), so that fix was reverted until understood.
+    # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes;
+    # SGLang 0.5.23's default tree, UnifiedRadixCache, does: the legacy RadixCache would not).
     tree.insert(InsertParams(key=_key(req, tokens), value=inc.slots.to(torch.int64), prev_prefix_len=0))
     # The restored blocks become the request's eager mirror (they equal what it reads now), so
     # rotating it out again moves only new tokens.
