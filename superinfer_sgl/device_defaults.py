@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .launch_checks import flag_value
+from .launch_checks import LaunchError, flag_value
 
 # Share of available RAM the CPU KV pool may use by default, and a cap that keeps startup fast.
 CPU_KV_RAM_FRACTION = 0.10
@@ -67,3 +67,54 @@ def device_defaults(argv: list[str]) -> DeviceDefaults:
         # next request at once, and our hook keeps it awake while rotary requests wait.
         ("--sleep-on-idle", None),
     ))
+
+
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def cpu_ranks(argv: list[str]) -> int:
+    """Scheduler processes SGLang starts: dp x tp x pp (each binds its own cores on CPU)."""
+    n = 1
+    for flag in ("--dp-size", "--tp-size", "--pp-size"):
+        n *= int(flag_value(argv, flag) or 1)
+    return n
+
+
+def numa_nodes() -> int:
+    try:
+        return max(1, sum(1 for d in os.listdir("/sys/devices/system/node") if d[4:].isdigit()
+                          and d.startswith("node")))
+    except OSError:
+        return 1
+
+
+def cpu_threads_bind(ranks: int, cores: list[int]) -> str:
+    """SGLang's per-rank core list ("0-3|4-7"): the cores this process may use, split evenly into
+    `ranks` contiguous groups (a remainder is left unused, so the ranks stay equal)."""
+    cores = sorted(cores)
+    per = len(cores) // ranks
+    if per < 1:
+        raise LaunchError(f"{ranks} CPU ranks (dp x tp x pp) need at least {ranks} cores, this process "
+                          f"may use {len(cores)}; use fewer ranks or set {THREADS_BIND_ENV}")
+    return "|".join(_cpulist(cores[r * per:(r + 1) * per]) for r in range(ranks))
+
+
+def _cpulist(cores: list[int]) -> str:
+    """Sorted core ids as a Linux cpulist: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def default_threads_bind(argv: list[str]) -> str | None:
+    """The binding our launcher sets on CPU when several ranks would outnumber the NUMA nodes
+    (SGLang then refuses to start unless told which cores each rank gets); None: SGLang's own
+    choice stands (one rank, more NUMA nodes than ranks, or the user set it)."""
+    ranks = cpu_ranks(argv)
+    if ranks <= 1 or THREADS_BIND_ENV in os.environ or ranks <= numa_nodes():
+        return None
+    return cpu_threads_bind(ranks, list(os.sched_getaffinity(0)))

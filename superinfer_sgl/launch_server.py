@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import SUPPORTED_SGLANG_VERSION
 from .config import CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, from_namespace
-from .device_defaults import DeviceDefaults, device_defaults
+from .device_defaults import THREADS_BIND_ENV, DeviceDefaults, default_threads_bind, device_defaults
 from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
 from .plugin import CPU_COMPAT_ENV
 
@@ -131,6 +131,10 @@ def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     check_port_free(flag_value(rest, "--host") or "127.0.0.1", int(flag_value(rest, "--port") or 30000))
     if defaults.cpu and CPU_COMPAT_ENV not in os.environ:
         os.environ[CPU_COMPAT_ENV] = "1"
+    bind = default_threads_bind(rest) if defaults.cpu else None
+    if bind is not None:
+        os.environ[THREADS_BIND_ENV] = bind
+        logger.info("superinfer_sgl: %s=%s (one core group per CPU rank)", THREADS_BIND_ENV, bind)
     os.environ[CONFIG_ENV] = cfg.to_env()
     return cfg, rest
 

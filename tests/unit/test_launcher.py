@@ -431,3 +431,45 @@ def test_from_the_checkout_triton_kernels_probe_answers_truthfully(tmp_path: Pat
     # here (an editable install of this checkout) the launcher's own answer: it imports without it
     assert launch_server._imports_without([str(tmp_path)], CHECKOUT) is True
     assert launch_server._imports_without([str(tmp_path)], tmp_path) is False  # another checkout
+
+
+@pytest.mark.parametrize(("ranks", "cores", "bind"), [
+    (2, [0, 1], "0|1"),
+    (2, list(range(8)), "0-3|4-7"),
+    (3, list(range(8)), "0-1|2-3|4-5"),  # the remainder stays unused: equal ranks
+    (2, [7, 6, 5, 2, 1, 0], "0-2|5-7"),
+    (2, [0, 2, 4, 6], "0,2|4,6"),
+])
+def test_cpu_threads_bind(ranks: int, cores: list[int], bind: str) -> None:
+    assert device_defaults.cpu_threads_bind(ranks, cores) == bind
+
+
+def test_cpu_threads_bind_needs_a_core_per_rank() -> None:
+    with pytest.raises(LaunchError, match="need at least 3 cores"):
+        device_defaults.cpu_threads_bind(3, [0, 1])
+
+
+def test_default_threads_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = device_defaults.THREADS_BIND_ENV
+    monkeypatch.setenv(env, "x")
+    monkeypatch.delenv(env)
+    monkeypatch.setattr(device_defaults, "numa_nodes", lambda: 1)
+    monkeypatch.setattr(device_defaults.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert device_defaults.default_threads_bind([]) is None  # one rank: SGLang's own choice
+    assert device_defaults.default_threads_bind(["--dp-size", "2"]) == "0-1|2-3"
+    assert device_defaults.default_threads_bind(["--dp-size", "2", "--tp-size", "2"]) == "0|1|2|3"
+    monkeypatch.setattr(device_defaults, "numa_nodes", lambda: 2)
+    assert device_defaults.default_threads_bind(["--dp-size", "2"]) is None  # a NUMA node each
+    monkeypatch.setenv(env, "0|1")
+    assert device_defaults.default_threads_bind(["--dp-size", "4"]) is None  # the user's stands
+
+
+def test_prepare_binds_cpu_ranks(tmp_path: Path, no_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = device_defaults.THREADS_BIND_ENV
+    monkeypatch.setenv(env, "x")
+    monkeypatch.delenv(env)
+    monkeypatch.setattr(device_defaults, "numa_nodes", lambda: 1)
+    monkeypatch.setattr(device_defaults.os, "sched_getaffinity", lambda pid: {0, 1})
+    model, port = str(_model_dir(tmp_path / "m")), str(_free_port())
+    launch_server.prepare(["--model-path", model, "--port", port, "--dp-size", "2"])
+    assert os.environ[env] == "0|1"
