@@ -91,6 +91,7 @@ class Outcome:
     tokens_expected: int | None = None
     tokens_got: int | None = None
     latency_s: float = 0.0
+    rid: str | None = None  # the request id the server logs (none for n=2, whose samples get their own)
 
 
 @dataclass
@@ -125,6 +126,8 @@ def build_request(i: int, kind: str, rng: random.Random, sz: Sizes) -> tuple[dic
     body: dict[str, Any] = {"sampling_params": params}
     if kind == "abort":  # the rid /abort_request names
         body["rid"] = f"soak-{i}-{rng.getrandbits(32):08x}"
+    elif kind != "n2" and i >= 0:  # a rid to find the request by in the server's log
+        body["rid"] = f"req-{i}-r"  # not a prefix of another: SGLang aborts by rid prefix
     headers: dict[str, str] = {}
     cls = rng.choice(CLASSES)
     how = rng.random()
@@ -493,6 +496,7 @@ def soak(args: argparse.Namespace) -> dict:
                 for _ in range(min(batch, args.requests - i)):
                     o = Outcome(i, kind)
                     body, headers = build_request(i, kind, rng, sz)
+                    o.rid = body.get("rid")
                     outcomes.append(o)
                     inflight.acquire()
                     t = threading.Thread(target=_client, daemon=True,
@@ -503,12 +507,14 @@ def soak(args: argparse.Namespace) -> dict:
                     bar.update(1)
                 time.sleep(rng.expovariate(rate) * batch)
         report["arrival_seconds"] = round(time.time() - started, 1)
-        hung = 0
-        for t in tqdm(threads, desc="draining", mininterval=5):
+        hung = []
+        for t, o in tqdm(list(zip(threads, outcomes)), desc="draining", mininterval=5):
             t.join(timeout=max(1.0, args.drain_timeout_s - (time.time() - started)))
-            hung += t.is_alive()
+            if t.is_alive():
+                hung.append({"i": o.i, "kind": o.kind, "rid": o.rid})
         report["drain_seconds"] = round(time.time() - started, 1)
-        report["clients_still_waiting_after_drain"] = hung
+        report["clients_still_waiting_after_drain"] = len(hung)
+        report["clients_still_waiting"] = hung
         final = wait_idle(shared.url, args.idle_timeout_s, not stock)
         report["health_after"] = requests.get(shared.url + "/health", timeout=30).status_code
     finally:
