@@ -267,7 +267,11 @@ def _check_answer(o: Outcome, out: Any, n: int, body: dict, shared: Shared) -> N
     if o.kind == "exact" and o.outcome == "completed":
         ref = shared.exact_reference.get(body["text"])
         with shared.lock:
-            shared.exact_results.append({"prompt": body["text"][:40], "equal": list(outs[0]["output_ids"]) == ref})
+            got = list(outs[0]["output_ids"])
+            shared.exact_results.append({"prompt": body["text"][:40], "equal": got == ref, "rid": body.get("rid"),
+                                         # ours: rotations / recomputes of this request (a differing sample's why)
+                                         "superinfer": (outs[0].get("meta_info") or {}).get("superinfer"),
+                                         **({} if got == ref else {"got": got, "reference": ref})})
 
 
 def _check_one(o: Outcome, out: dict, expected: int | None) -> None:
