@@ -17,7 +17,8 @@ at random:
   n2           n=2 samples of one prompt
   exact        a fixed prompt whose greedy tokens must equal the same prompt served alone on the
                quiet server before the load (float32)
-  sigterm      (--sigterm-at F) SIGTERM to the server after a share F of the arrivals, check that
+  sigterm      (--sigterm-at F) SIGTERM to the server after a share F of the arrivals, let SGLang's
+               graceful drain finish the requests in flight (at most --sigterm-drain-s), check that
                no process survives, restart, go on
 
 Each request ends in exactly one outcome: completed (with exactly max_new_tokens tokens under
@@ -493,7 +494,7 @@ def soak(args: argparse.Namespace) -> dict:
             while i < args.requests:
                 if sigterm_at is not None and i == sigterm_at:
                     counters_before_restart.append(dict(sampler.last_metrics))
-                    left_after.append(_sigterm_and_restart(shared, server_ref, start))
+                    left_after.append(_sigterm_and_restart(shared, server_ref, start, args.sigterm_drain_s, report))
                     sigterm_at = None
                 kind = "exact" if i in exact_at else pick_kind(rng, shares)
                 batch = BURST_SIZE if kind == "burst" else 1
@@ -538,12 +539,15 @@ def _client(o: Outcome, body: dict, headers: dict[str, str], shared: Shared, rng
         inflight.release()
 
 
-def _sigterm_and_restart(shared: Shared, server_ref: list[Server], start: Any) -> list[int]:
+def _sigterm_and_restart(shared: Shared, server_ref: list[Server], start: Any, drain_s: float,
+                         report: dict[str, Any]) -> list[int]:
     shared.restarting.set()
     window = [time.time(), 0.0]
     shared.sigterm_windows.append(window)  # type: ignore[arg-type]
     print("SIGTERM to the server", flush=True)
-    left = server_ref[0].stop(signal.SIGTERM)
+    # The graceful drain serves every request in flight first: a backlog takes a while on a slow machine.
+    left = server_ref[0].stop(signal.SIGTERM, timeout=drain_s)
+    report.setdefault("sigterm_exit_seconds", []).append(round(time.time() - window[0], 1))
     window[1] = time.time() + 5  # a client's connection error surfaces a moment later
     server_ref[0] = start()
     shared.url = server_ref[0].url
@@ -627,6 +631,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--shares", help='JSON: share of each fault kind, e.g. {"abort": 0.1}')
     ap.add_argument("--sigterm-at", type=float, default=0.0,
                     help="SIGTERM and restart the server after this share of the arrivals (0: never)")
+    ap.add_argument("--sigterm-drain-s", type=float, default=240.0,
+                    help="how long the server may take to drain and exit after the SIGTERM")
     ap.add_argument("--max-total-tokens", type=int, default=2048, help="device KV pool (tokens)")
     ap.add_argument("--max-prompt-words", type=int, default=200, help="longest ordinary prompt (~tokens)")
     ap.add_argument("--max-new-tokens", type=int, default=24, help="most output tokens of an ordinary request")
