@@ -17,7 +17,8 @@ at random:
   n2           n=2 samples of one prompt
   exact        a fixed prompt whose greedy tokens must equal the same prompt served alone on the
                quiet server before the load (float32)
-  sigterm      (--sigterm-at F) SIGTERM to the server after a share F of the arrivals, check that
+  sigterm      (--sigterm-at F) SIGTERM to the server after a share F of the arrivals, let SGLang's
+               graceful drain finish the requests in flight (at most --sigterm-drain-s), check that
                no process survives, restart, go on
 
 Each request ends in exactly one outcome: completed (with exactly max_new_tokens tokens under
@@ -91,6 +92,7 @@ class Outcome:
     tokens_expected: int | None = None
     tokens_got: int | None = None
     latency_s: float = 0.0
+    rid: str | None = None  # the request id the server logs (none for n=2, whose samples get their own)
 
 
 @dataclass
@@ -125,6 +127,8 @@ def build_request(i: int, kind: str, rng: random.Random, sz: Sizes) -> tuple[dic
     body: dict[str, Any] = {"sampling_params": params}
     if kind == "abort":  # the rid /abort_request names
         body["rid"] = f"soak-{i}-{rng.getrandbits(32):08x}"
+    elif kind != "n2" and i >= 0:  # a rid to find the request by in the server's log
+        body["rid"] = f"req-{i}-r"  # not a prefix of another: SGLang aborts by rid prefix
     headers: dict[str, str] = {}
     cls = rng.choice(CLASSES)
     how = rng.random()
@@ -264,7 +268,11 @@ def _check_answer(o: Outcome, out: Any, n: int, body: dict, shared: Shared) -> N
     if o.kind == "exact" and o.outcome == "completed":
         ref = shared.exact_reference.get(body["text"])
         with shared.lock:
-            shared.exact_results.append({"prompt": body["text"][:40], "equal": list(outs[0]["output_ids"]) == ref})
+            got = list(outs[0]["output_ids"])
+            shared.exact_results.append({"prompt": body["text"][:40], "equal": got == ref, "rid": body.get("rid"),
+                                         # ours: rotations / recomputes of this request (a differing sample's why)
+                                         "superinfer": (outs[0].get("meta_info") or {}).get("superinfer"),
+                                         **({} if got == ref else {"got": got, "reference": ref})})
 
 
 def _check_one(o: Outcome, out: dict, expected: int | None) -> None:
@@ -486,13 +494,14 @@ def soak(args: argparse.Namespace) -> dict:
             while i < args.requests:
                 if sigterm_at is not None and i == sigterm_at:
                     counters_before_restart.append(dict(sampler.last_metrics))
-                    left_after.append(_sigterm_and_restart(shared, server_ref, start))
+                    left_after.append(_sigterm_and_restart(shared, server_ref, start, args.sigterm_drain_s, report))
                     sigterm_at = None
                 kind = "exact" if i in exact_at else pick_kind(rng, shares)
                 batch = BURST_SIZE if kind == "burst" else 1
                 for _ in range(min(batch, args.requests - i)):
                     o = Outcome(i, kind)
                     body, headers = build_request(i, kind, rng, sz)
+                    o.rid = body.get("rid")
                     outcomes.append(o)
                     inflight.acquire()
                     t = threading.Thread(target=_client, daemon=True,
@@ -503,12 +512,14 @@ def soak(args: argparse.Namespace) -> dict:
                     bar.update(1)
                 time.sleep(rng.expovariate(rate) * batch)
         report["arrival_seconds"] = round(time.time() - started, 1)
-        hung = 0
-        for t in tqdm(threads, desc="draining", mininterval=5):
+        hung = []
+        for t, o in tqdm(list(zip(threads, outcomes)), desc="draining", mininterval=5):
             t.join(timeout=max(1.0, args.drain_timeout_s - (time.time() - started)))
-            hung += t.is_alive()
+            if t.is_alive():
+                hung.append({"i": o.i, "kind": o.kind, "rid": o.rid})
         report["drain_seconds"] = round(time.time() - started, 1)
-        report["clients_still_waiting_after_drain"] = hung
+        report["clients_still_waiting_after_drain"] = len(hung)
+        report["clients_still_waiting"] = hung
         final = wait_idle(shared.url, args.idle_timeout_s, not stock)
         report["health_after"] = requests.get(shared.url + "/health", timeout=30).status_code
     finally:
@@ -528,12 +539,15 @@ def _client(o: Outcome, body: dict, headers: dict[str, str], shared: Shared, rng
         inflight.release()
 
 
-def _sigterm_and_restart(shared: Shared, server_ref: list[Server], start: Any) -> list[int]:
+def _sigterm_and_restart(shared: Shared, server_ref: list[Server], start: Any, drain_s: float,
+                         report: dict[str, Any]) -> list[int]:
     shared.restarting.set()
     window = [time.time(), 0.0]
     shared.sigterm_windows.append(window)  # type: ignore[arg-type]
     print("SIGTERM to the server", flush=True)
-    left = server_ref[0].stop(signal.SIGTERM)
+    # The graceful drain serves every request in flight first: a backlog takes a while on a slow machine.
+    left = server_ref[0].stop(signal.SIGTERM, timeout=drain_s)
+    report.setdefault("sigterm_exit_seconds", []).append(round(time.time() - window[0], 1))
     window[1] = time.time() + 5  # a client's connection error surfaces a moment later
     server_ref[0] = start()
     shared.url = server_ref[0].url
@@ -617,6 +631,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--shares", help='JSON: share of each fault kind, e.g. {"abort": 0.1}')
     ap.add_argument("--sigterm-at", type=float, default=0.0,
                     help="SIGTERM and restart the server after this share of the arrivals (0: never)")
+    ap.add_argument("--sigterm-drain-s", type=float, default=240.0,
+                    help="how long the server may take to drain and exit after the SIGTERM")
     ap.add_argument("--max-total-tokens", type=int, default=2048, help="device KV pool (tokens)")
     ap.add_argument("--max-prompt-words", type=int, default=200, help="longest ordinary prompt (~tokens)")
     ap.add_argument("--max-new-tokens", type=int, default=24, help="most output tokens of an ordinary request")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,9 +19,21 @@ STARTUP_TIMEOUT_S = 300
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port: any, or one in SUPERINFER_TEST_PORTS ("LO-HI") on a machine shared by several
+    test runs (SGLang also takes a few ports above the server's own)."""
+    span = os.environ.get("SUPERINFER_TEST_PORTS")
+    candidates = [0]
+    if span:
+        lo, hi = (int(x) for x in span.split("-"))
+        candidates = random.sample(range(lo, hi + 1, 10), len(range(lo, hi + 1, 10)))
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port in SUPERINFER_TEST_PORTS={span}")
 
 
 @dataclass

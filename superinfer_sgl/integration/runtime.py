@@ -251,11 +251,15 @@ class RotaSchedRuntime:
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:
-        """Let SGLang's PrefillAdder see only LVF's admissions, in LVF's order; keep the rest."""
+        """Let SGLang's PrefillAdder see only LVF's admissions, in LVF's order; keep the rest.
+        SGLang appends to the queue it is handed (a request whose grammar just compiled, or that was
+        aborted in the grammar queue, moves there inside this very call): it gets a copy, so such a
+        request counts as added, not as one we offered, and stays queued (issue 17: it was lost)."""
         before = list(sched.waiting_queue)
+        offered = {id(r) for r in order}
         configured = sched.chunked_prefill_size
         try:
-            sched.waiting_queue = order
+            sched.waiting_queue = list(order)
             # goodput mode: this step's chunk size, lowered so the step keeps tight TBT SLOs
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
             sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
@@ -264,7 +268,6 @@ class RotaSchedRuntime:
             sched.chunked_prefill_size = configured
             after = sched.waiting_queue
             kept = {id(r) for r in after}
-            offered = {id(r) for r in order}
             admitted = [r for r in order if id(r) not in kept]
             added = [r for r in after if id(r) not in offered]
             gone = {id(r) for r in admitted}

@@ -103,6 +103,29 @@ def test_admit_in_order_offers_only_chosen_and_keeps_the_rest() -> None:
     assert rt.sched.tree_cache.unlocked == ["lock-c"] and "c" not in rt.resume_locks
 
 
+def test_a_request_sglang_queues_during_admission_stays_queued() -> None:
+    """Issue 17: SGLang's get_new_batch_prefill first moves requests whose grammar compiled (or that
+    were aborted in the grammar queue) into the waiting queue, appending to the very list it was
+    handed (`_add_request_to_queue`). That list was our `order`, so such a request counted as one we
+    offered, and the queue rebuilt from the snapshot before the call lost it: never admitted, never
+    answered, with the server idle. Both ways SGLang's call can end are checked: admitting nobody
+    (the list left as it is) and admitting someone (the list rebuilt without them)."""
+    for admits in ([], ["a"]):
+        w = [FakeReq("a"), FakeReq("b")]
+        rt = make_runtime(waiting=w)
+        compiled = FakeReq("grammar-ready")
+
+        def original(sched: Any, running_batch: Any) -> str:
+            sched.waiting_queue.append(compiled)  # as Scheduler._add_request_to_queue does
+            if admits:
+                sched.waiting_queue = [r for r in sched.waiting_queue if r.rid not in admits]
+            return "plan"
+
+        rt._admit_in_order(original, rt.sched, FakeBatch([]), [w[0]])
+        expected = [r for r in ["a", "b"] if r not in admits] + ["grammar-ready"]
+        assert [r.rid for r in rt.sched.waiting_queue] == expected, admits
+
+
 def test_the_decisions_prefill_cap_is_the_steps_chunk_size() -> None:
     rt = make_runtime(waiting=[FakeReq("a")])
     seen: list[int] = []
