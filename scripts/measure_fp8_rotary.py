@@ -123,7 +123,14 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=32180, help="the fp8 server uses port + 1")
     ap.add_argument("--out", type=Path, default=ROOT / "results/fp8_rotary/smollm2_cpu.json")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server (finally) on a timeout's TERM
+    live: list[Server] = []
+
+    def on_term(*_: object) -> None:  # a timeout's TERM: stop our server (requests may be in flight)
+        for server in live:
+            server.stop()
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts)
     env = {"SUPERINFER_TEST_ROTATE_INTERVAL": str(args.rotate_interval)}
@@ -131,6 +138,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {}
     for name, port, extra in (("exact", args.port, []), ("fp8", args.port + 1, ["--rotary-kv-dtype", "fp8_e4m3"])):
         server = start(port, extra, env, Path(tempfile.gettempdir()) / f"fp8_rotary_server_{name}.log")
+        live[:] = [server]
         try:
             t0 = time.time()
             runs[name] = generate_all(server, texts, args.max_new_tokens, args.concurrency)
