@@ -15,7 +15,8 @@ from importlib import metadata
 from pathlib import Path
 
 from . import SUPPORTED_SGLANG_VERSION
-from .config import CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, from_namespace
+from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_rotary_kv_dtype,
+                     from_namespace)
 from .device_defaults import THREADS_BIND_ENV, DeviceDefaults, default_threads_bind, device_defaults
 from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
 from .plugin import CPU_COMPAT_ENV
@@ -120,6 +121,7 @@ def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     """Parse our options and build the argv for SGLang. Raises LaunchError/ConfigError."""
     ns, rest = our_parser().parse_known_args(argv)
     cfg = from_namespace(ns)
+    check_rotary_kv_dtype(cfg, flag_value(rest, "--kv-cache-dtype"))
     check_sglang_version()
     rest = resolve_model(rest)
     defaults = device_defaults(rest)

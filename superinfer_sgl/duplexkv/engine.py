@@ -90,7 +90,7 @@ class RotationEngine:
         self.mirror = EagerMirror(host_pool.allocator, host_pool.block_tokens)
         self._inflight = InflightCopies(host_pool.allocator)
         self._prefetched = PrefetchTable(host_pool.allocator)
-        self.bytes_out = self.bytes_in = 0  # payload bytes of rotations (eager syncs not included)
+        self.bytes_out = self.bytes_in = 0  # host payload bytes of rotations (not eager syncs, nor fp8 scales)
         self.rotations_out = self.rotations_in = 0
         self.bytes_eager_out = 0  # background eager syncs
         self.bytes_reused = 0  # bytes of rotations out served by mirror blocks instead of a copy
@@ -187,7 +187,7 @@ class RotationEngine:
             raise
         self._inflight.hold(event, blocks)
         self._prefetched.add(host_kv, slots, event)
-        moved = host_kv.num_tokens * self.device_pool.bytes_per_token
+        moved = host_kv.num_tokens * self.host_pool.bytes_per_token
         self.bytes_in += moved
         self.bytes_prefetched += moved
         self._reap()
@@ -248,7 +248,7 @@ class RotationEngine:
             raise
         self._inflight.hold(event, blocks)
         self.mirror.extend(rid, blocks, event)
-        self.bytes_eager_out += count * bt * self.device_pool.bytes_per_token
+        self.bytes_eager_out += count * self.host_pool.bytes_per_block
         self._reap()
         return count
 
@@ -393,15 +393,15 @@ class RotationEngine:
             taken = self.mirror.take(req.rid, req.num_tokens)
             assert taken == plan.reused, (taken, plan.reused)
         copied = max(0, req.num_tokens - len(plan.reused) * bt)
-        self.bytes_out += copied * self.device_pool.bytes_per_token
-        self.bytes_reused += (req.num_tokens - copied) * self.device_pool.bytes_per_token
+        self.bytes_out += copied * self.host_pool.bytes_per_token
+        self.bytes_reused += (req.num_tokens - copied) * self.host_pool.bytes_per_token
         self.rotations_out += 1
         return HostKV(tuple(plan.reused + plan.new), req.num_tokens, bt)
 
     def _commit_in(self, ins: list[RotateIn], hits: list[tuple[HostKV, CopyEvent]]) -> list[CopyEvent]:
         """Count the copies; consume the prefetches used (their copies stay held until they have run)."""
-        served = sum(hk.num_tokens for hk, _ in hits) * self.device_pool.bytes_per_token
-        self.bytes_in += sum(i.host_kv.num_tokens for i in ins) * self.device_pool.bytes_per_token - served
+        served = sum(hk.num_tokens for hk, _ in hits) * self.host_pool.bytes_per_token
+        self.bytes_in += sum(i.host_kv.num_tokens for i in ins) * self.host_pool.bytes_per_token - served
         self.bytes_prefetch_hits += served
         self.rotations_in += len(ins)
         self.prefetch_hits += len(hits)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from superinfer_sgl.duplexkv import quant
+
 
 @dataclass(frozen=True)
 class HostKV:
@@ -124,6 +126,9 @@ class BlockAllocator:
 class HostKVPool:
     """Block-first host KV memory [num_blocks, layers, 2, block_tokens, kv_heads, head_dim] + allocator.
 
+    `dtype` is the device pool's. store_dtype=None stores that dtype (bits copied exactly); fp8
+    e4m3 (quant.FP8_DTYPE, for a 16/32-bit device pool) stores quantized blocks plus `scales`
+    [num_blocks, layers, 2, kv_heads] float32 beside them (quant.py; lossy, --rotary-kv-dtype).
     pin=None pins when CUDA is available (DMA and kernels need page-locked memory to reach full
     bandwidth and to address it from the device); pin=True insists and raises HostPinError if it
     cannot; pin=False never pins.
@@ -138,14 +143,24 @@ class HostKVPool:
         block_tokens: int,
         dtype: torch.dtype,
         pin: bool | None = None,
+        store_dtype: torch.dtype | None = None,
     ) -> None:
         if min(num_blocks, layers, kv_heads, head_dim, block_tokens) < 1:
             raise ValueError("num_blocks, layers, kv_heads, head_dim and block_tokens must all be >= 1")
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.block_tokens, self.dtype = block_tokens, dtype
-        self.data = torch.empty((num_blocks, layers, 2, block_tokens, kv_heads, head_dim), dtype=dtype)
+        self.store_dtype = dtype if store_dtype is None else store_dtype
+        self.quantized = quant.is_quantized(self.store_dtype, dtype)
+        if self.store_dtype != dtype and not self.quantized:
+            raise ValueError(f"host blocks store {dtype} or fp8 e4m3 (quantized), not {self.store_dtype}")
+        shape = (num_blocks, layers, 2, block_tokens, kv_heads, head_dim)
+        self.data = torch.empty(shape, dtype=self.store_dtype)
+        # per block, layer, K/V and head; zeros, so an unwritten block decodes to zeros
+        self.scales = torch.zeros(shape[:3] + (kv_heads,), dtype=quant.SCALE_DTYPE) if self.quantized else None
         want_pin = torch.cuda.is_available() if pin is None else pin
         self.pinned = _pin(self.data) if want_pin else False
+        if self.pinned and self.scales is not None:
+            _pin(self.scales)
         self.allocator = BlockAllocator(num_blocks)
 
     @property
@@ -158,7 +173,9 @@ class HostKVPool:
 
     @property
     def bytes_per_block(self) -> int:
-        return self.block_tokens * self.bytes_per_token
+        """Host bytes of one block: its KV, plus its scales when quantized."""
+        scales = quant.scale_bytes_per_block(self.layers, self.kv_heads) if self.quantized else 0
+        return self.block_tokens * self.bytes_per_token + scales
 
     def blocks_for_tokens(self, n: int) -> int:
         return math.ceil(n / self.block_tokens)
@@ -173,12 +190,26 @@ class HostKVPool:
         *,
         free_ram_fraction: float = 0.5,
         gb: float | None = None,
+        store_dtype: torch.dtype | None = None,
     ) -> int:
-        """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now."""
-        elem = torch.empty((), dtype=dtype).element_size()
+        """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now
+        (blocks of store_dtype, scales included when quantized)."""
+        store = dtype if store_dtype is None else store_dtype
+        elem = torch.empty((), dtype=store).element_size()
         block_bytes = layers * 2 * block_tokens * kv_heads * head_dim * elem
+        if quant.is_quantized(store, dtype):
+            block_bytes += quant.scale_bytes_per_block(layers, kv_heads)
         budget = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
         return max(1, int(budget // block_bytes))
+
+    @classmethod
+    def for_device(cls, dev, block_tokens: int, rotary_kv_dtype: str = "auto", *,
+                   free_ram_fraction: float = 0.5, gb: float | None = None) -> HostKVPool:
+        """The host pool for a DevicePoolView, sized by default_num_blocks (--rotary-pool-gb)."""
+        store = quant.host_dtype(rotary_kv_dtype, dev.dtype)
+        shape = (dev.layers, dev.kv_heads, dev.head_dim, block_tokens, dev.dtype)
+        blocks = cls.default_num_blocks(*shape, free_ram_fraction=free_ram_fraction, gb=gb, store_dtype=store)
+        return cls(blocks, *shape, store_dtype=store)
 
 
 def _available_ram_bytes() -> int:

@@ -9,6 +9,8 @@ i % block_tokens, and copies on the current stream (the engine picks the stream)
                  host blocks per direction (one in total when the blocks are contiguous)
 On CUDA every path except torch is asynchronous with respect to the host (pinned host memory,
 non_blocking copies); the torch path's .cpu() synchronises its stream.
+With fp8 host blocks (HostKVPool.quantized, --rotary-kv-dtype fp8_e4m3) the torch and Triton paths
+quantize on the way out and dequantize on the way back (quant.py); naive refuses them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 # The --kv-transfer choices are defined once, with the option (config is pure Python).
 from superinfer_sgl.config import KV_TRANSFERS as TRANSFERS
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
+from superinfer_sgl.duplexkv import quant
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 
 _SUPERCHIPS = ("GH200", "GB200", "GB300")
@@ -91,9 +94,37 @@ class _TorchPath(_TorchOpsPath):
                 bufs[layer].index_copy_(0, slots, rows)
 
 
+class _TorchFp8Path(_TorchPath):
+    """The torch path into fp8 host blocks: per layer and K/V, gather the rows, quantize them per
+    block and head (quant.quantize_rows), store codes and scales; back: dequantize with each token's
+    block scales and index_copy_ into the device buffer."""
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        ids = torch.tensor(blocks, dtype=torch.int64)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate((self.dev.k_buffers, self.dev.v_buffers)):
+                codes, scales = quant.quantize_rows(bufs[layer].index_select(0, slots).cpu(), self.host.block_tokens)
+                self.data[block, layer, kv, row] = codes.view(torch.uint8)
+                self.host.scales[ids, layer, kv] = scales
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate((self.dev.k_buffers, self.dev.v_buffers)):
+                tok_scales = self.host.scales[block, layer, kv]
+                rows = quant.dequantize_rows(self.data[block, layer, kv, row], tok_scales, self.dev.dtype)
+                bufs[layer].index_copy_(0, slots, rows.to(self.dev.device, non_blocking=True))
+
+
 class _NaivePath(_TorchOpsPath):
     """The baseline: a copy per page per layer per K/V. A page whose slots form a contiguous run is one
     slice copy (as in a paged pool); a scattered page needs an index gather first."""
+
+    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
+        if host.quantized:
+            raise ValueError("--kv-transfer naive copies bits; fp8 host blocks need torch or a triton path")
+        super().__init__(dev, host, max_programs)
 
     def _pages(self, slots: torch.Tensor, blocks: list[int]) -> Iterator[tuple[int, int, slice | torch.Tensor]]:
         cpu = slots.cpu()
@@ -127,33 +158,48 @@ class _TritonDirectPath:
         return torch.tensor(blocks, dtype=torch.int64).to(self.dev.device, non_blocking=True)
 
     def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
-        d = self.dev
-        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
+        d, h = self.dev, self.host
+        if h.quantized:
+            self.kernels.gather_kv_blocks_fp8(d.k_ptrs, d.v_ptrs, slots, h.data, h.scales, self._ids(blocks), **self.launch)
+        else:
+            self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, h.data, self._ids(blocks), **self.launch)
 
     def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
-        d = self.dev
-        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, self.host.data, self._ids(blocks), **self.launch)
+        d, h = self.dev, self.host
+        if h.quantized:
+            self.kernels.scatter_kv_blocks_fp8(d.k_ptrs, d.v_ptrs, slots, h.data, h.scales, self._ids(blocks), **self.launch)
+        else:
+            self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, h.data, self._ids(blocks), **self.launch)
 
 
 class _TritonDmaPath(_TritonDirectPath):
-    def _staging(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (num_blocks, *self.host.data.shape[1:])
-        staging = torch.empty(shape, dtype=self.dev.dtype, device=self.dev.device)
-        return staging, torch.arange(num_blocks, device=self.dev.device)
+    """Staging on the device, then one DMA per run of host blocks (and one for their fp8 scales)."""
+
+    def _staging(self, num_blocks: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        dev, host = self.dev.device, self.host
+        pairs = [(torch.empty((num_blocks, *host.data.shape[1:]), dtype=host.data.dtype, device=dev), host.data)]
+        if host.quantized:
+            pairs.append((torch.empty((num_blocks, *host.scales.shape[1:]), dtype=host.scales.dtype, device=dev),
+                          host.scales))
+        return pairs, torch.arange(num_blocks, device=dev)
 
     def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
         d = self.dev
-        staging, ids = self._staging(len(blocks))
-        self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
+        pairs, ids = self._staging(len(blocks))
+        gather = self.kernels.gather_kv_blocks_fp8 if self.host.quantized else self.kernels.gather_kv_blocks
+        gather(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
         for start, first, length in _runs(blocks):
-            self.host.data[first : first + length].copy_(staging[start : start + length], non_blocking=True)
+            for staged, host in pairs:
+                host[first : first + length].copy_(staged[start : start + length], non_blocking=True)
 
     def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
         d = self.dev
-        staging, ids = self._staging(len(blocks))
+        pairs, ids = self._staging(len(blocks))
         for start, first, length in _runs(blocks):
-            staging[start : start + length].copy_(self.host.data[first : first + length], non_blocking=True)
-        self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, staging, ids, **self.launch)
+            for staged, host in pairs:
+                staged[start : start + length].copy_(host[first : first + length], non_blocking=True)
+        scatter = self.kernels.scatter_kv_blocks_fp8 if self.host.quantized else self.kernels.scatter_kv_blocks
+        scatter(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
 
 
 def _import_kernels():
@@ -174,6 +220,8 @@ PATHS: dict[str, type] = {
 
 
 def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> TransferPath:
+    if transfer == "torch" and host.quantized:
+        return _TorchFp8Path(dev, host, max_programs)
     return PATHS[transfer](dev, host, max_programs)
 
 

@@ -109,17 +109,15 @@ class RotaSchedRuntime:
             self.disabled_reason = str(exc)
             logger.warning("superinfer: rotation disabled: %s", exc)
             return
-        blocks = HostKVPool.default_num_blocks(
-            dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype,
-            free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=self.cfg.rotary_pool_gb,
-        )
-        host = HostKVPool(blocks, dev.layers, dev.kv_heads, dev.head_dim, self.bt, dev.dtype)
+        host = HostKVPool.for_device(dev, self.bt, self.cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
+                                     free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=self.cfg.rotary_pool_gb)
+        blocks = host.num_blocks
         self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
         if self.cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
             self.link_bytes_per_s = measure_link(self.engine)
             logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", self.link_bytes_per_s / 1e9)
-        logger.info("superinfer: host rotary pool %d blocks x %d tokens (%.2f GiB), transfer=%s, "
-                    "rotation budget %d blocks/iteration%s", blocks, self.bt,
+        logger.info("superinfer: host rotary pool %d blocks x %d tokens of %s (%.2f GiB), transfer=%s, "
+                    "rotation budget %d blocks/iteration%s", blocks, self.bt, host.store_dtype,
                     blocks * host.bytes_per_block / 2**30, self.engine.transfer, self.budget,
                     "" if self.link_bytes_per_s is None else " until a decode step is measured (auto)")
 

@@ -190,7 +190,8 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--slo-service-tiers",
         "--slo-gateway-classes", "--slo-priority-classes", "--vlt-alpha",
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--rotation-budget-blocks", "--rotary-block-tokens",
-        "--rotary-pool-gb", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch", "--no-prefetch",
+        "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
+        "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms",
     }
 

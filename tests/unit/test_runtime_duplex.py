@@ -91,11 +91,11 @@ class Harness:
     """A runtime on a fake scheduler; `step(decision)` runs one iteration with LVF's answer scripted."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, pool: int = 64, host_blocks: int = 32,
-                 real_sglang: bool = False, **cfg: Any) -> None:
+                 real_sglang: bool = False, store_dtype: torch.dtype | None = None, **cfg: Any) -> None:
         self.dev = DevicePoolView.synthetic(pool + 1, LAYERS, HEADS, DIM, torch.float32)
         for buf in (*self.dev.k_buffers, *self.dev.v_buffers):
             buf.copy_(torch.randn_like(buf))
-        host = HostKVPool(host_blocks, LAYERS, HEADS, DIM, BT, torch.float32, pin=False)
+        host = HostKVPool(host_blocks, LAYERS, HEADS, DIM, BT, torch.float32, pin=False, store_dtype=store_dtype)
         self.engine = RotationEngine(self.dev, host, "torch")
         self.alloc, self.tree = _sglang_pools(pool) if real_sglang else (FakeAllocator(pool), FakeTree())
         kvcache = SimpleNamespace(layer_num=LAYERS, start_layer=0,
@@ -426,3 +426,38 @@ def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypat
     queue = h.rt._step(h.batch, [], 100.0)
     want = ["w3", "w2"] if blocked else ["w3", "w0", "w1", "w2"]
     assert [r.rid for r in queue] == want
+
+
+@pytest.mark.parametrize("tree_holds_prefix", [False, True])
+def test_fp8_host_blocks_resume_within_the_e4m3_bound(monkeypatch: pytest.MonkeyPatch,
+                                                      tree_holds_prefix: bool) -> None:
+    """--rotary-kv-dtype fp8_e4m3 through a runtime step with SGLang's allocator and radix tree: b
+    resumes with every restorable token matched, its KV within e4m3's bound of what it saved. When
+    the tree holds b's prefix (exact bytes), the lossy restore differs from it, so b reads its own
+    bytes in a private cache namespace (not shared), as for any byte difference."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from superinfer_sgl.duplexkv import quant
+
+    h = Harness(monkeypatch, pool=64, real_sglang=True, store_dtype=quant.FP8_DTYPE, rotary_kv_dtype="fp8_e4m3")
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    if tree_holds_prefix:
+        cached = h.alloc.alloc(8)
+        for i, buf in enumerate((*h.dev.k_buffers, *h.dev.v_buffers)):
+            buf[cached] = h.kv["b"][i][:8]
+        h.tree.insert(InsertParams(key=RadixKey(b.origin_input_ids[:8]), value=cached, prev_prefix_len=0))
+    h.step(resume=("b",))
+    assert "b" not in h.rt.rotary and h.rt.resume_locks.keys() == {"b"}
+    assert (b.cache_salt is not None) is tree_holds_prefix
+    tokens = (b.origin_input_ids + b.output_ids)[:19]
+    match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, b.extra_key, cache_salt=b.cache_salt)))
+    assert match.device_prefix_len == 19
+    got = h.device_kv(h.tree.path_device_indices(match.last_device_node))
+    for x, y in zip(h.kv["b"], got, strict=True):
+        assert not torch.equal(x, y) and bool(((x - y).abs() <= x.abs() * 2**-4 + 1e-30).all())
+    # one byte per value (the eager sync had copied the full blocks already)
+    assert h.engine.bytes_out + h.engine.bytes_reused == 19 * LAYERS * 2 * HEADS * DIM
+    h.rt._unlock_admitted([b])
+    assert h.tree.protected_size() == 0
