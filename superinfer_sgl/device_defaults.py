@@ -118,3 +118,14 @@ def default_threads_bind(argv: list[str]) -> str | None:
     if ranks <= 1 or THREADS_BIND_ENV in os.environ or ranks <= numa_nodes():
         return None
     return cpu_threads_bind(ranks, list(os.sched_getaffinity(0)))
+
+
+def replica_threads_binds(replicas: int, argv: list[str]) -> list[str] | None:
+    """One core group per replica when several single-rank CPU servers share this machine (each
+    would otherwise run its threads on every core: 2 replicas on 2 cores thrash); None: the user
+    set the binding, a replica runs several ranks, or there are fewer cores than replicas."""
+    cores = list(os.sched_getaffinity(0))
+    if (replicas <= 1 or THREADS_BIND_ENV in os.environ or cpu_ranks(argv) > 1 or len(cores) < replicas
+            or not device_defaults(argv).cpu):
+        return None
+    return cpu_threads_bind(replicas, cores).split("|")

@@ -26,6 +26,7 @@ from typing import IO
 
 import requests
 
+from .device_defaults import THREADS_BIND_ENV, replica_threads_binds
 from .launch_checks import LaunchError, check_port_free, flag_given, flag_value
 
 logger = logging.getLogger("superinfer_sgl.cluster")
@@ -106,11 +107,11 @@ class Cluster:
         self._logs.append(f)
         return f
 
-    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         out = self._out(name)
         logger.info("starting %s: %s", name, shlex.join(cmd))
         # start_new_session: its own process group, so stop() (or a test) can signal all of it.
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
     def start(self) -> None:
@@ -125,10 +126,14 @@ class Cluster:
                 args = ["--model-path", str(prepare_default_model()), *args]
             except ModelPrepError as exc:
                 raise LaunchError(str(exc)) from exc
+        binds = replica_threads_binds(len(self.ports), args)
         for i, port in enumerate(self.ports):
             cmd = [sys.executable, "-m", "superinfer_sgl.launch_server", "--host", "127.0.0.1",
                    "--port", str(port), *args]
-            self.replicas.append(self._spawn(cmd, f"replica-{i}"))
+            env = None if binds is None else {**os.environ, THREADS_BIND_ENV: binds[i]}
+            if binds is not None:
+                logger.info("replica-%d: %s=%s", i, THREADS_BIND_ENV, binds[i])
+            self.replicas.append(self._spawn(cmd, f"replica-{i}", env))
         self._wait_replicas()
         prom = self.ns.gateway_prometheus_port or self.ns.port + 1000
         cmd = [sys.executable, "-m", "smg.launch_router", "--host", self.ns.host, "--port", str(self.ns.port),

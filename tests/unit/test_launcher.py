@@ -473,3 +473,22 @@ def test_prepare_binds_cpu_ranks(tmp_path: Path, no_cuda: None, monkeypatch: pyt
     model, port = str(_model_dir(tmp_path / "m")), str(_free_port())
     launch_server.prepare(["--model-path", model, "--port", port, "--dp-size", "2"])
     assert os.environ[env] == "0|1"
+
+
+def test_replica_threads_binds(monkeypatch: pytest.MonkeyPatch, no_cuda: None) -> None:
+    env = device_defaults.THREADS_BIND_ENV
+    monkeypatch.setenv(env, "x")
+    monkeypatch.delenv(env)
+    monkeypatch.setattr(device_defaults.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert device_defaults.replica_threads_binds(2, []) == ["0-1", "2-3"]  # a core group each
+    assert device_defaults.replica_threads_binds(1, []) is None
+    assert device_defaults.replica_threads_binds(5, []) is None  # fewer cores than replicas: shared
+    assert device_defaults.replica_threads_binds(2, ["--dp-size", "2"]) is None  # ranks bind themselves
+    monkeypatch.setenv(env, "0|1")
+    assert device_defaults.replica_threads_binds(2, []) is None  # the user's stands
+
+
+def test_replica_threads_binds_not_on_cuda(monkeypatch: pytest.MonkeyPatch, with_cuda: None) -> None:
+    monkeypatch.setattr(device_defaults.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv(device_defaults.THREADS_BIND_ENV, raising=False)
+    assert device_defaults.replica_threads_binds(2, []) is None
