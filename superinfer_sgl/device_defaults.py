@@ -120,6 +120,15 @@ def default_threads_bind(argv: list[str]) -> str | None:
     return cpu_threads_bind(ranks, list(os.sched_getaffinity(0)))
 
 
+def parse_cpulist(text: str) -> set[int]:
+    """A Linux cpulist back to core ids: "0-2,5" -> {0, 1, 2, 5}."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
 def replica_threads_binds(replicas: int, argv: list[str]) -> list[str] | None:
     """One core group per replica when several single-rank CPU servers share this machine (each
     would otherwise run its threads on every core: 2 replicas on 2 cores thrash); None: the user

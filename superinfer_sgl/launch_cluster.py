@@ -26,7 +26,7 @@ from typing import IO
 
 import requests
 
-from .device_defaults import THREADS_BIND_ENV, replica_threads_binds
+from .device_defaults import THREADS_BIND_ENV, parse_cpulist, replica_threads_binds
 from .launch_checks import LaunchError, check_port_free, flag_given, flag_value
 
 logger = logging.getLogger("superinfer_sgl.cluster")
@@ -107,12 +107,19 @@ class Cluster:
         self._logs.append(f)
         return f
 
-    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None,
+               cores: set[int] | None = None) -> subprocess.Popen:
         out = self._out(name)
         logger.info("starting %s: %s", name, shlex.join(cmd))
+
+        def pre() -> None:
+            _die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
         # start_new_session: its own process group, so stop() (or a test) can signal all of it.
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=pre)
 
     def start(self) -> None:
         for port in [self.ns.port, *self.ports]:
@@ -130,10 +137,14 @@ class Cluster:
         for i, port in enumerate(self.ports):
             cmd = [sys.executable, "-m", "superinfer_sgl.launch_server", "--host", "127.0.0.1",
                    "--port", str(port), *args]
-            env = None if binds is None else {**os.environ, THREADS_BIND_ENV: binds[i]}
+            env, cores = None, None
             if binds is not None:
-                logger.info("replica-%d: %s=%s", i, THREADS_BIND_ENV, binds[i])
-            self.replicas.append(self._spawn(cmd, f"replica-{i}", env))
+                # SGLang applies its binding only with its AMX/arm64 CPU kernels; the affinity and
+                # the thread count hold everywhere (threads spinning on a shared core thrash).
+                cores = parse_cpulist(binds[i])
+                env = {**os.environ, THREADS_BIND_ENV: binds[i], "OMP_NUM_THREADS": str(len(cores))}
+                logger.info("replica-%d: cores %s", i, binds[i])
+            self.replicas.append(self._spawn(cmd, f"replica-{i}", env, cores))
         self._wait_replicas()
         prom = self.ns.gateway_prometheus_port or self.ns.port + 1000
         cmd = [sys.executable, "-m", "smg.launch_router", "--host", self.ns.host, "--port", str(self.ns.port),

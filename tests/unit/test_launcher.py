@@ -492,3 +492,9 @@ def test_replica_threads_binds_not_on_cuda(monkeypatch: pytest.MonkeyPatch, with
     monkeypatch.setattr(device_defaults.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv(device_defaults.THREADS_BIND_ENV, raising=False)
     assert device_defaults.replica_threads_binds(2, []) is None
+
+
+@pytest.mark.parametrize("cores", [[0], [0, 1], [0, 1, 2, 5], [3, 7, 8, 9, 12]])
+def test_cpulist_round_trip(cores: list[int]) -> None:
+    text = device_defaults.cpu_threads_bind(1, cores)
+    assert device_defaults.parse_cpulist(text) == set(cores)
