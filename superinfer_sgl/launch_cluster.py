@@ -90,6 +90,7 @@ class Cluster:
         self.ns, self.replica_args = ns, replica_args
         base = ns.replica_base_port or ns.port + 1
         self.ports = ns.replica_ports or [base + i for i in range(ns.replicas)]
+        self.prom_port = ns.gateway_prometheus_port or ns.port + 1000  # smg binds it on 0.0.0.0
         self.replicas: list[subprocess.Popen] = []
         self.gateway: subprocess.Popen | None = None
         self.reported_dead: set[int] = set()
@@ -124,6 +125,10 @@ class Cluster:
     def start(self) -> None:
         for port in [self.ns.port, *self.ports]:
             check_port_free(self.ns.host if port == self.ns.port else "127.0.0.1", port)
+        try:  # else the gateway dies after the replicas have started
+            check_port_free("0.0.0.0", self.prom_port)
+        except LaunchError as exc:
+            raise LaunchError(f"{exc} (the gateway's metrics port: --gateway-prometheus-port)") from None
         args = self.replica_args
         if not (flag_given(args, "--model-path") or flag_given(args, "--model")):
             # Prepare the default model once, here: N replicas converting it at once would race.
@@ -146,7 +151,7 @@ class Cluster:
                 logger.info("replica-%d: cores %s", i, binds[i])
             self.replicas.append(self._spawn(cmd, f"replica-{i}", env, cores))
         self._wait_replicas()
-        prom = self.ns.gateway_prometheus_port or self.ns.port + 1000
+        prom = self.prom_port
         cmd = [sys.executable, "-m", "smg.launch_router", "--host", self.ns.host, "--port", str(self.ns.port),
                "--worker-urls", *self.worker_urls, "--policy", self.ns.policy,
                "--prometheus-port", str(prom),

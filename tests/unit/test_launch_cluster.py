@@ -43,3 +43,29 @@ def test_stop_ends_each_process_group_children_included() -> None:
     time.sleep(0.5)
     alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive
+
+
+def test_a_busy_gateway_metrics_port_is_refused_before_any_replica_starts() -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ns, rest = lc.parse(["--replicas", "1", "--port", str(port), "--replica-ports", str(_free()),
+                             "--gateway-prometheus-port", str(busy)])
+        cluster = lc.Cluster(ns, rest)
+        with pytest.raises(lc.LaunchError, match=f"port {busy} .*metrics port"):
+            cluster.start()
+        assert cluster.replicas == []
+
+
+def _free() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
