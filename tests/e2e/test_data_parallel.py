@@ -21,11 +21,11 @@ def dp_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         pytest.skip("needs 2 CPU cores: one per DP rank")
     # SGLang on CPU binds each rank to a NUMA node unless told which cores to use; our launcher
     # splits this process's cores between the ranks when the user did not (device_defaults).
-    if "SGLANG_CPU_OMP_THREADS_BIND" in os.environ:
-        pytest.skip("SGLANG_CPU_OMP_THREADS_BIND is set: the launcher's own binding is under test")
     log = tmp_path_factory.mktemp("logs") / "dp.log"
-    server = start_server(["--dp-size", "2", "--max-total-tokens", "2048", "--rotary-pool-gb", "0.25",
-                           "--enable-metrics"], log)
+    with pytest.MonkeyPatch.context() as mp:  # the launcher's own binding is under test
+        mp.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+        server = start_server(["--dp-size", "2", "--max-total-tokens", "2048", "--rotary-pool-gb", "0.25",
+                               "--enable-metrics"], log)
     try:
         yield server
     finally:
@@ -35,7 +35,7 @@ def dp_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def test_both_ranks_run_rotasched_and_report_per_rank(dp_server: Server) -> None:
     log = dp_server.log()
-    # SGLang's own line when the binding is set: the launcher set it (the fixture skips if the caller did)
+    # SGLang's own line when the binding is set: the launcher set it (the fixture unset the caller's)
     assert "SGLANG_CPU_OMP_THREADS_BIND is set for explicit control" in log
     assert "DP0] superinfer: host rotary pool" in log and "DP1] superinfer: host rotary pool" in log
     params = {"custom_params": {"slo_class": "interactive"}}
