@@ -54,11 +54,14 @@ def lvf_decide(
     now: float,
     params: VltParams,
     goodput: GoodputParams | None = None,
+    chunk: int | None = None,
 ) -> Decision:
     """Decide admissions, resumes and rotate-outs for one scheduler iteration.
 
     `goodput`: None is the paper's rule (one tier, LVF by VLT); otherwise goodput mode
     (rotasched.goodput: viable requests before best-effort ones, TBT- and cost-aware victims).
+    `chunk`: goodput mode's prefill cap for this step (`goodput.prefill_cap`), which sets how
+    long the chosen prefills take; None: uncapped.
 
     Guarantees: admitted+resumed blocks <= free_blocks + rotated-out blocks; resumed
     blocks <= budget_blocks and rotated-out blocks <= budget_blocks (each direction);
@@ -70,7 +73,7 @@ def lvf_decide(
     pending = [v for v in views if v.state is not _RUNNING]
     if sum([v.blocks_needed for v in pending]) <= free_blocks:  # a list sums faster than a genexpr
         return _fcfs(pending, budget_blocks)
-    return _contended(views, pending, free_blocks, budget_blocks, now, params, goodput)
+    return _contended(views, pending, free_blocks, budget_blocks, now, params, goodput, chunk)
 
 
 def idle_resume(decision: Decision, views: Sequence[ReqView], now: float, params: VltParams) -> Decision:
@@ -111,12 +114,13 @@ def _contended(
     now: float,
     params: VltParams,
     goodput: GoodputParams | None,
+    chunk: int | None,
 ) -> Decision:
     """Steps 2-5: head scan by VLT, rotate out from the tail, shrink if the tail falls short."""
-    pending, victims = _rank(views, waiting_rotary, now, params, goodput)
+    pending, victims = _rank(views, waiting_rotary, now, params, goodput, chunk)
     # Memory an urgent request could ever get: what is free plus what running requests hold.
     wall = free + sum([v.blocks_held for v in views if v.state is _RUNNING])
-    scan = _HeadScan(pending, free, budget, wall, now, goodput)
+    scan = _HeadScan(pending, free, budget, wall, now, goodput, chunk)
     chosen, used, blocked = scan.run(free + budget)
     out = _tail_scan(victims, used - free, budget)
     freed = sum(v.blocks_held for v in out)
@@ -136,7 +140,7 @@ def _contended(
 
 def _rank(
     views: Sequence[ReqView], waiting_rotary: list[ReqView], now: float, params: VltParams,
-    goodput: GoodputParams | None,
+    goodput: GoodputParams | None, chunk: int | None = None,
 ) -> tuple[_Ranked, list[ReqView]]:
     """Step 2: sort by VLT descending, ties oldest arrival first, then rid (goodput mode: by
     tier first, then earliest deadline, `goodput.rank_key`).
@@ -150,7 +154,7 @@ def _rank(
     if goodput is None:
         pending = [(VIABLE, -lag, v.arrival, v.rid, v, lag > 0) for v, lag in zip(waiting_rotary, lags)]
     else:
-        pending = [(gp_rules.tier(v, now, goodput), gp_rules.rank_key(v, now), v.arrival, v.rid, v,
+        pending = [(gp_rules.tier(v, now, goodput, chunk), gp_rules.rank_key(v, now), v.arrival, v.rid, v,
                     lag > 0) for v, lag in zip(waiting_rotary, lags)]
     pending.sort()
     movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
@@ -188,21 +192,21 @@ class _HeadScan:
     """
 
     def __init__(self, pending: _Ranked, free: int, budget: int, wall: int, now: float,
-                 goodput: GoodputParams | None) -> None:
+                 goodput: GoodputParams | None, chunk: int | None = None) -> None:
         self.pending, self.free, self.budget, self.wall = pending, free, budget, wall
-        self.now, self.goodput = now, goodput
+        self.now, self.goodput, self.chunk = now, goodput, chunk
 
     def run(self, cap: int) -> tuple[list[ReqView], int, str | None]:
         """Returns (chosen, blocks used, blocked rid)."""
         chosen: list[ReqView] = []
         free, budget, wall, goodput = self.free, self.budget, self.wall, self.goodput
         used = inbound = 0
-        ahead_s = 0.0
+        ahead = 0  # prompt tokens of the prefills chosen so far
         queue = list(self.pending)
         for tier, key, arrival, rid, view, hot in queue:  # a deferred row is appended: it comes last
             urgent = tier == PROMOTED or (tier == VIABLE and hot)
             if goodput is not None and tier == VIABLE and view.last_token is None:
-                if not gp_rules.ttft_reachable(view, self.now, ahead_s, goodput.costs):
+                if not gp_rules.ttft_reachable(view, self.now, ahead, goodput.costs, self.chunk):
                     queue.append((BEST_EFFORT, key, arrival, rid, view, hot))
                     continue
             need = view.blocks_needed
@@ -215,7 +219,7 @@ class _HeadScan:
                     continue
                 inbound += need
             elif goodput is not None:
-                ahead_s += goodput.costs.prefill_s_per_token * view.prefill_tokens
+                ahead += view.prefill_tokens
             chosen.append(view)
             used += need
         return chosen, used, None

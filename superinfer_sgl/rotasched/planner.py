@@ -49,13 +49,12 @@ def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, no
               params: VltParams, goodput: GoodputParams | None, chunked_active: bool) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus (goodput
     mode) the prefill cap of this step."""
-    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput)
+    cap = None if goodput is None else prefill_cap(list(views), goodput.costs)
+    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput, cap)
     if not chunked_active:
         decision = idle_resume(decision, views, now, params)
-    if goodput is not None:
-        cap = prefill_cap(list(views), goodput.costs)
-        if cap is not None:
-            decision = dataclasses.replace(decision, prefill_cap=cap)
+    if cap is not None:
+        decision = dataclasses.replace(decision, prefill_cap=cap)
     return decision
 
 

@@ -60,6 +60,34 @@ def test_queue_ahead_counts_prefills_already_chosen() -> None:
     assert d.admit == ("a", "c")
 
 
+def test_a_capped_prefill_counts_one_decode_step_per_chunk() -> None:
+    from superinfer_sgl.rotasched.goodput import prefill_time_s, ttft_reachable
+    costs = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.01, decode_step_s=0.05, rotation_s=0.0)
+    assert math.isclose(prefill_time_s(300, costs, None), 0.01 + 0.3)  # uncapped: one step
+    assert math.isclose(prefill_time_s(300, costs, 100), 3 * 0.01 + 2 * 0.05 + 0.3)
+    assert math.isclose(prefill_time_s(300, costs, 512), prefill_time_s(300, costs, None))
+    # 0.4 s left: 300 tokens in one step (0.31 s + the 0.05 s stream step) make it, three capped
+    # chunks (0.43 s) do not; 100 tokens ahead push even the uncapped prefill out.
+    v = waiting("v", 4.6, tokens=300)
+    assert ttft_reachable(v, NOW, 0, costs) and not ttft_reachable(v, NOW, 0, costs, 100)
+    assert not ttft_reachable(v, NOW, 100, costs)
+
+
+def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
+    # A running request with no gap to spare caps this step's prefill at 64 tokens (the floor), so
+    # a 300-token prompt takes five capped steps, not one: it can no longer make its TTFT.
+    from superinfer_sgl.rotasched.planner import plan_step
+    costs = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.0, decode_step_s=0.08, rotation_s=0.0)
+    gp = GoodputParams(costs, max_best_effort_wait_s=30.0)
+    tight = running("t", 1.0, misses_left=0, tbt=0.1, blocks=10)
+    late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
+    d = plan_step([late, fresh, tight], 10, 0, NOW, P, gp, False)
+    assert d.prefill_cap == 64 and d.admit == ("fresh",)
+    roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no cap
+    d = plan_step([late, fresh, roomy], 10, 0, NOW, P, gp, False)
+    assert d.prefill_cap is None and d.admit == ("late",)
+
+
 def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line() -> None:
     old = waiting("old", 31.0, blocks=15)  # lost long ago, past the 30 s bound
     views = [old, waiting("ok", 3.0, blocks=5), running("r", 1.0, blocks=40)]
