@@ -46,9 +46,10 @@ def stock_sched_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def rota_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """RotaSched with forced rotations every 3 iterations, overlap scheduler on (SGLang default)."""
+    """RotaSched with forced rotations every 3 iterations, overlap scheduler on (SGLang default),
+    eager sync on (off by default on CPU: this keeps its path under the lossless checks)."""
     env = {"SUPERINFER_TEST_ROTATE_INTERVAL": "3", "SUPERINFER_VERIFY_ROTATION": "1"}
-    yield from _server(tmp_path_factory, "rota", COMMON, env=env)
+    yield from _server(tmp_path_factory, "rota", [*COMMON, "--eager-sync"], env=env)
 
 
 @pytest.fixture(scope="session")

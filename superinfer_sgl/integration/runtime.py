@@ -53,6 +53,7 @@ class RotaSchedRuntime:
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
         on_cpu = str(getattr(getattr(sched, "server_args", None), "device", "cpu")) == "cpu"
         self.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, CPU_ROTATION_S_PRIOR if on_cpu else 0.0))
+        self.eager_sync = cfg.eager_sync if cfg.eager_sync is not None else not on_cpu  # config.py
         self._last_step_t: float | None = None
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
@@ -179,7 +180,7 @@ class RotaSchedRuntime:
         return plan
 
     def _step(self, running_batch: Any, live: list[Any], now: float) -> list[Any]:
-        if self.cfg.eager_sync:
+        if self.eager_sync:
             self._eager_sync(live, running_batch)
         views, by_rid = self._views(running_batch, live, now)
         decision = self.sync.decide(lambda: self._decide(views, running_batch, now))
