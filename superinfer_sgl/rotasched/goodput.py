@@ -62,9 +62,6 @@ class StepCosts:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
-    def prefill_s(self, tokens: int) -> float:
-        return self.prefill_base_s + self.prefill_s_per_token * tokens
-
 
 @dataclass(frozen=True, slots=True)
 class GoodputParams:
