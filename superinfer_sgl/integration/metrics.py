@@ -13,7 +13,6 @@ label set (TP ranks of one DP rank would write the same value).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -22,11 +21,6 @@ from ..rotasched.goodput import GoodputParams
 from ..rotasched.headroom import AttainmentWindow, headroom
 
 logger = logging.getLogger(__name__)
-
-# The headroom gauges walk every queued request a second time (the policy's own walk is the
-# first); scrapers read them every few seconds, so a few refreshes a second are plenty. Every
-# iteration, that walk took about as long as the scheduler's own views (py-spy, fault soak).
-HEADROOM_INTERVAL_S = 0.25
 
 
 def _dp_rank() -> str:
@@ -104,7 +98,6 @@ class RotaSchedMetrics:
             rank + ["slo_class", "slo"], multiprocess_mode="livemax")
         self.window = AttainmentWindow() if window is None else AttainmentWindow(window)
         self._headroom_failed = False
-        self._headroom_at = -math.inf  # when the headroom gauges were last refreshed (monotonic)
         for g in (self.vlt_max, self.waiting, self.lost_running):
             g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
         for state in ("waiting", "rotary"):
@@ -132,18 +125,15 @@ class RotaSchedMetrics:
         self.rotary_requests.set(len(rt.rotary))
         self.host_blocks_used.set(usage["host_blocks_used"])
         self.host_blocks_total.set(usage["host_blocks_total"])
-        now = time.monotonic()
-        if now - self._headroom_at < HEADROOM_INTERVAL_S:
-            return
-        self._headroom_at = now
         try:
-            self._update_headroom(rt, now)
+            self._update_headroom(rt)
         except Exception:  # observability must never take the scheduler down; say so once
             if not self._headroom_failed:
                 logger.exception("superinfer: headroom gauges not updated")
             self._headroom_failed = True
 
-    def _update_headroom(self, rt: Any, now: float) -> None:
+    def _update_headroom(self, rt: Any) -> None:
+        now = time.monotonic()
         gp = GoodputParams(rt.meter.costs, rt.cfg.max_best_effort_wait_ms / 1000.0)
         h = headroom(queue_views(rt, now), now, rt.params, gp)
         self.vlt_max.labels(self.rank).set(h.vlt_max_s)

@@ -88,20 +88,3 @@ def test_a_broken_runtime_does_not_break_update(caplog) -> None:  # type: ignore
     assert reg.get_sample_value("superinfer_rotation_budget_blocks") == 8.0
     assert sum("headroom gauges not updated" in r.message for r in caplog.records) == 1
 
-
-def test_headroom_refreshes_a_few_times_a_second_not_every_iteration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from superinfer_sgl.integration import metrics as mod
-    clock = [100.0]
-    monkeypatch.setattr(mod.time, "monotonic", lambda: clock[0])
-    reg = CollectorRegistry()
-    m = RotaSchedMetrics(registry=reg)
-    rt = _rt(clock[0])
-    m.update(rt)
-    assert _v(reg, "superinfer_waiting_requests") == 2.0
-    rt.sched.waiting_queue.pop()
-    clock[0] += mod.HEADROOM_INTERVAL_S / 2
-    m.update(rt)  # too soon: the gauges keep the last walk's values; the counters still advance
-    assert _v(reg, "superinfer_waiting_requests") == 2.0
-    clock[0] += mod.HEADROOM_INTERVAL_S
-    m.update(rt)
-    assert _v(reg, "superinfer_waiting_requests") == 1.0
