@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 
-from superinfer_sgl.rotasched.goodput import StepCosts
+from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, StepCosts
 
 SMOOTHING = 0.1  # weight of the newest observation: about the last 10 steps of each kind
-MIN_PREFILL_TOKENS = 32  # smaller prefills are mostly fixed cost: they say little per token
+# Smaller prefills are mostly fixed cost: they say little per token. The prefill cap's floor, so
+# that a capped step is always measured.
+MIN_PREFILL_TOKENS = MIN_PREFILL_CHUNK
 # The steps' spread (StepCosts.step_cv) is a property of the machine, not of the batch: averaged
 # over about the last 50 steps of any kind, starting from the prior's (0: the cap starts as it
 # was without a spread and tightens as the spread shows).

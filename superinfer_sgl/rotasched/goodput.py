@@ -36,7 +36,12 @@ PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 PAPER_QUANTUM_S = 5.0  # the paper policy's rotation quantum (docs/sim.md: best of 0-20 s there)
 ROTATION_AMORTIZE = 20
-MIN_PREFILL_CHUNK = 64  # tokens: the prefill cap never goes below this, so prefills always progress
+# Tokens: the prefill cap never goes below this, so prefills always progress. No higher: on the CPU
+# server the computed cap sat under 64 most of the time (median 54 tokens in the mixed A/B's step
+# log), so a 64-token floor overrode the cap it exists for (27% of capped steps over the tight
+# class's TBT); no lower: the cost meter learns the per-token cost from prefills of at least this
+# size (costs.MIN_PREFILL_TOKENS), so capped steps keep that estimate current (docs/journal.md).
+MIN_PREFILL_CHUNK = 32
 CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO (prefill_cap) ...
 JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
 SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss

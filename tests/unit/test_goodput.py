@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams, lvf_decide
 from superinfer_sgl.rotasched.costs import CostMeter
-from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s, rank_key
+from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, GoodputParams, StepCosts, quantum_s, rank_key
 from superinfer_sgl.rotasched.planner import admission_order, rotation_budget
 from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
@@ -74,15 +74,15 @@ def test_a_capped_prefill_counts_one_decode_step_per_chunk() -> None:
 
 
 def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
-    # A running request with no gap to spare caps this step's prefill at 64 tokens (the floor), so
-    # a 300-token prompt takes five capped steps, not one: it can no longer make its TTFT.
+    # A running request with no gap to spare caps this step's prefill at its floor, so a
+    # 300-token prompt takes ten capped steps, not one: it can no longer make its TTFT.
     from superinfer_sgl.rotasched.planner import plan_step
     costs = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.0, decode_step_s=0.08, rotation_s=0.0)
     gp = GoodputParams(costs, max_best_effort_wait_s=30.0)
     tight = running("t", 1.0, misses_left=0, tbt=0.1, blocks=10)
     late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
     d = plan_step([late, fresh, tight], 10, 0, NOW, P, gp, False)
-    assert d.prefill_cap == 64 and d.admit == ("fresh",)
+    assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
     roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no cap
     d = plan_step([late, fresh, roomy], 10, 0, NOW, P, gp, False)
     assert d.prefill_cap is None and d.admit == ("late",)

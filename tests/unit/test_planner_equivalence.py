@@ -24,8 +24,9 @@ What is configured so that the two sides can agree (and why):
   rotation block size, pool size, budget, quantum, best-effort bound and SLO classes;
 - no shared prompt prefixes (`cached_tokens=0`): the simulator counts a shared prefix as resident
   KV of a fresh waiting request, the server's view does not look the radix tree up for it;
-- prompts below the goodput prefill cap's floor (64 tokens) and the chunk size, so no chunked
-  prefill starts (the script does not model SGLang's chunked request on the server side);
+- prompts below the goodput prefill cap's floor (`MIN_PREFILL_CHUNK`, 32 tokens) and the chunk
+  size, so no chunked prefill starts (the script does not model SGLang's chunked request on the
+  server side);
 - step costs: the server measures them (CostMeter), the simulator models them from its profile;
   the server's meter is set to the simulator's costs of the same step before each decision;
 - admission itself (SGLang's PrefillAdder) is not run on the server: both sides admit what the
