@@ -186,6 +186,9 @@ def test_cost_meter_moves_towards_what_it_observes() -> None:
     c = m.costs
     assert math.isclose(c.decode_step_s, 0.03) and math.isclose(c.prefill_s_per_token, 2e-3)
     assert c.rotation_s == 0.058 and m.observed == {"decode": 2, "prefill": 1, "rotation": 0}
+    # a step capped at the prefill cap's floor is still one the meter learns from
+    m.observe_prefill(MIN_PREFILL_CHUNK, MIN_PREFILL_CHUNK * 4e-3)
+    assert m.observed["prefill"] == 2 and math.isclose(m.costs.prefill_s_per_token, 3e-3)
 
 
 def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> None:
