@@ -191,6 +191,40 @@ def test_cost_meter_moves_towards_what_it_observes() -> None:
     assert m.observed["prefill"] == 2 and math.isclose(m.costs.prefill_s_per_token, 3e-3)
 
 
+def test_cost_meter_splits_a_prefill_into_fixed_and_per_token_time() -> None:
+    import random
+
+    rng = random.Random(0)
+    # A GPU's prefills (the H100 profile: 10.45 ms fixed, 0.0815 ms per token), single steps
+    # spread 10%, sizes from capped chunks to long prompts
+    m = CostMeter(StepCosts(0.0, 0.0, 0.03, 0.0))
+    for _ in range(300):
+        n = rng.randint(MIN_PREFILL_CHUNK, 4096)
+        m.observe_prefill(n, (0.01045 + 8.154e-5 * n) * rng.uniform(0.9, 1.1), decode_s=0.03)
+    c = m.costs
+    assert 0.007 < c.prefill_base_s < 0.014 and abs(c.prefill_s_per_token / 8.154e-5 - 1) < 0.08
+    # what the per-token mean alone would have made of a 64-token chunk: ~3x its time
+    chunk = c.prefill_base_s + 64 * c.prefill_s_per_token
+    assert abs(chunk / (0.01045 + 64 * 8.154e-5) - 1) < 0.25
+    # every prefill the same size (all capped): the line is undetermined, the prior base stands
+    same = CostMeter(StepCosts(0.0, 0.002, 0.03, 0.0))
+    for _ in range(300):
+        same.observe_prefill(256, 0.002 + 256 * 1e-4 * rng.uniform(0.9, 1.1))
+    assert same.costs.prefill_base_s == 0.002 and abs(same.costs.prefill_s_per_token / 1e-4 - 1) < 0.1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20000),
+                          st.one_of(st.floats(-1.0, 100.0), st.sampled_from([math.nan, math.inf]))),
+                max_size=80))
+def test_cost_meter_estimates_stay_finite_and_non_negative(prefills: list[tuple[int, float]]) -> None:
+    m = CostMeter(StepCosts(1e-3, 0.0, 0.05, 0.0))
+    for tokens, seconds in prefills:
+        m.observe_prefill(tokens, seconds)
+        c = m.costs  # StepCosts validates: finite and >= 0
+        assert c.prefill_base_s <= max([0.0, *(s for _, s in prefills if math.isfinite(s))]) + 1e-9
+
+
 def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> None:
     d = Decision(admit=("c", "a"), resume=("r",))
     assert admission_order(["a", "b", "c", "x"], ["x", "r"], d) == ["x", "r", "c", "a", "b"]
