@@ -239,14 +239,14 @@ class RotaSchedRuntime:
             return
         mode = last.forward_mode
         if mode.is_decode():
-            self.meter.observe_decode(now - start)
+            self.meter.observe_step(now - start, 0, 1)
         elif mode.is_extend():
             # A mixed step also decoded its running requests (one token each, counted in
-            # extend_num_tokens): the prefill's share is the time beyond one decode step.
+            # extend_num_tokens).
             rows = len(getattr(last, "decoding_reqs", None) or []) if mode.is_mixed() else 0
             tokens = int(getattr(last, "extend_num_tokens", 0) or 0) - rows
-            decode = self.meter.costs.decode_step_s if rows else 0.0
-            self.meter.observe_prefill(tokens, now - start - decode, decode)
+            if tokens > 0:
+                self.meter.observe_step(now - start, tokens, rows)
 
     def _admit_in_order(self, original: Callable[..., Any], sched: Any, running_batch: Any,
                         order: list[Any]) -> Any:

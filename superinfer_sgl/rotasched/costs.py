@@ -22,14 +22,16 @@ MIN_PREFILL_TOKENS = MIN_PREFILL_CHUNK
 # was without a spread and tightens as the spread shows).
 SPREAD_SMOOTHING = 0.02
 SPREAD_CLIP = 1.0  # a step off by more (an idle turn, a stall) counts as off by this much
-# A prefill's fixed time (StepCosts.prefill_base_s) is the intercept of a least-squares line through
-# recent prefills' (tokens, seconds): it belongs to the model and machine (launches, the mixed
-# step's extra pass), not to the batch, so it is fitted over a longer window (about the last 50
-# prefills) than the per-token mean, and single steps spread 15-20% on a shared CPU. It is fitted
-# only once enough prefills of different sizes have been seen (with every prefill capped at one
-# size the line is undetermined, and the prior stands). Without it the fixed time is folded into
-# the per-token cost, which then overprices small capped chunks and underprices long prompts
-# (on a GPU: ~10 ms fixed against 0.08 ms per token).
+# A prefill's time is a line in its tokens: its intercept (StepCosts.prefill_base_s, when positive)
+# is fitted by least squares through recent prefills' (tokens, seconds), over a longer window (about
+# the last 50 prefills) than the per-token mean (the deviations from the intercept, per token), since
+# it belongs to the model and machine (launches, the mixed step's extra pass, a decode floor's slack),
+# not to the batch, and single steps spread 15-20% on a shared CPU. It is fitted only once enough
+# prefills of different sizes have been seen (with every prefill capped at one size the line is
+# undetermined, and the prior stands). Without it the intercept is folded into the per-token cost:
+# with a positive one (on the H100 profile ~10 ms against 0.08 ms per token) small capped chunks are
+# overpriced and long prompts underpriced; with a negative one (a mixed step's prefill partly fills
+# the decode step's floor: the GH200 profile) long prompts were priced ~30% under their time.
 BASE_SMOOTHING = 0.02
 BASE_MIN_PREFILLS = 20
 BASE_MIN_SIZE_CV = 0.25  # the sizes' spread (std / mean) the line needs
@@ -40,7 +42,11 @@ class CostMeter:
         assert 0 < smoothing <= 1, smoothing
         self._a = smoothing
         self._per_token = prior.prefill_s_per_token
-        self._base = prior.prefill_base_s
+        # The line's intercept; may be negative: on a GPU a decode step sits on a floor (the
+        # weights' read) that a small prefill partly fills for free, so the time a prefill adds
+        # is ~per_token x (tokens - the floor's slack). The per-token cost is then the line's
+        # slope, what a long prompt pays; the fixed time handed out is never below 0.
+        self._intercept = prior.prefill_base_s
         self._decode = prior.decode_step_s
         self._rotation = prior.rotation_s
         self._spread_sq = prior.step_cv ** 2  # running mean of (step / predicted - 1) ** 2
@@ -71,15 +77,16 @@ class CostMeter:
         (a mixed step), so that the spread is measured on the whole step, as the cap uses it."""
         if tokens >= MIN_PREFILL_TOKENS and math.isfinite(seconds) and seconds >= 0:
             if self.observed["prefill"]:
-                self._spread(seconds + decode_s, self._base + self._per_token * tokens + decode_s)
+                predicted = max(0.0, self._intercept + self._per_token * tokens)
+                self._spread(seconds + decode_s, predicted + decode_s)
             self._fit_base(tokens, seconds)
-            per_token = max(0.0, seconds - self._base) / tokens
+            per_token = max(0.0, seconds - self._intercept) / tokens
             self._per_token = self._mix("prefill", self._per_token, per_token)
 
     def _fit_base(self, tokens: int, seconds: float) -> None:
         """Move the moments (a plain mean over the first prefills, then exponentially weighted)
-        and, once the sizes spread enough, take the line's intercept as the fixed time, within
-        [0, the mean prefill's time]. A line that does not rise with size says nothing: kept."""
+        and, once the sizes spread enough, take the line's intercept (at most the mean prefill's
+        time). A line that does not rise with size says nothing: kept."""
         seen = self.observed["prefill"]
         a = max(BASE_SMOOTHING, 1.0 / (seen + 1))
         m = self._moments
@@ -90,7 +97,18 @@ class CostMeter:
         if seen + 1 >= BASE_MIN_PREFILLS and var > (BASE_MIN_SIZE_CV * x) ** 2:
             slope = (xy - x * y) / var
             if slope > 0:
-                self._base = min(max(0.0, y - slope * x), y)
+                self._intercept = min(y - slope * x, y)
+
+    def observe_step(self, seconds: float, prefill_tokens: int, decode_rows: int) -> None:
+        """One scheduler iteration as the server (and the simulator, `SimConfig.measured_costs`)
+        times it: a decode step (`prefill_tokens` 0), or a prefill of `prefill_tokens`
+        that also decoded `decode_rows` running requests (a mixed step): the prefill's share is
+        the time beyond one decode step."""
+        if prefill_tokens <= 0:
+            self.observe_decode(seconds)
+            return
+        decode = self._decode if decode_rows > 0 else 0.0
+        self.observe_prefill(prefill_tokens, seconds - decode, decode)
 
     def observe_rotation(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds >= 0:
@@ -98,4 +116,4 @@ class CostMeter:
 
     @property
     def costs(self) -> StepCosts:
-        return StepCosts(self._per_token, self._base, self._decode, self._rotation, math.sqrt(self._spread_sq))
+        return StepCosts(self._per_token, max(0.0, self._intercept), self._decode, self._rotation, math.sqrt(self._spread_sq))

@@ -83,6 +83,8 @@ class Simulator:
         self._trace_t = [t for t, _ in self.config.speed_trace]
         self._trace_f = [f for _, f in self.config.speed_trace]
         self.stats = SimStats()
+        # The last iteration as the server times it: (seconds, prefill tokens, decode rows).
+        self.last_step: tuple[float, int, int] | None = None
         self._jitter = _jitter(self.config.step_jitter, self.config.jitter_seed)
         self._next = 0  # next arrival index
         self._done = 0
@@ -135,6 +137,7 @@ class Simulator:
             self._idle()
             return
         self._account(plan, xfer, compute, bool(batch))
+        self.last_step = (dt, tokens, len(decoding))
         self.now += dt
         self._send_unsent(self.now)
         self._emit(decoding, joined=False)

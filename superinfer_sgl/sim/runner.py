@@ -75,6 +75,7 @@ class Job:
     vlt: tuple[float, float, float] = (3.0, 0.5, 0.0)
     max_best_effort_wait_s: float = SimConfig.max_best_effort_wait_s
     step_jitter: float = 0.0  # SimConfig.step_jitter, seeded with the workload's seed
+    measured_costs: bool = False  # SimConfig.measured_costs
     tags: dict = field(default_factory=dict)
 
     def config(self) -> SimConfig:
@@ -82,7 +83,8 @@ class Job:
                          lookahead=self.lookahead, mixed_chunk=self.mixed_chunk,
                          ignore_eos=self.ignore_eos, min_stint_s=self.stint_s(),
                          max_best_effort_wait_s=self.max_best_effort_wait_s,
-                         step_jitter=self.step_jitter, jitter_seed=self.seed)
+                         step_jitter=self.step_jitter, jitter_seed=self.seed,
+                         measured_costs=self.measured_costs)
 
     def stint_s(self) -> float | None:
         """The quantum: as given; else None (the server's default) for our server's policies,

@@ -213,6 +213,27 @@ def test_cost_meter_splits_a_prefill_into_fixed_and_per_token_time() -> None:
     assert same.costs.prefill_base_s == 0.002 and abs(same.costs.prefill_s_per_token / 1e-4 - 1) < 0.1
 
 
+def test_cost_meter_prices_long_prompts_at_the_slope_when_a_decode_floor_hides_small_ones() -> None:
+    # The GH200 profile's mixed steps: max(20.5 ms floor, 0.11 ms x (prefill + decode rows)); with
+    # 100 decode rows a small prefill partly fills the floor's slack for free. What a long prompt
+    # pays per token is the slope, 0.11 ms: the mean of time / tokens said ~0.07-0.09.
+    def step(tokens: int, rows: int = 100) -> float:
+        return 0.003 + max(0.0205, 1.104e-4 * (tokens + rows))
+
+    m = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    sizes = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    for i in range(400):
+        m.observe_step(step(0), 0, 100)  # the decode step the mixed ones ride with
+        m.observe_step(step(sizes[i % len(sizes)]), sizes[i % len(sizes)], 100)
+    c = m.costs
+    assert abs(c.prefill_s_per_token / 1.104e-4 - 1) < 0.03 and c.prefill_base_s == 0.0
+    assert abs(c.decode_step_s - step(0)) < 1e-9
+    # the server's whole prefill (a step with no decode rows) is one observation too
+    p = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    p.observe_step(0.2, 1000, 0)
+    assert math.isclose(p.costs.prefill_s_per_token, 2e-4) and p.observed["decode"] == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 20000),
                           st.one_of(st.floats(-1.0, 100.0), st.sampled_from([math.nan, math.inf]))),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
+from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
 from superinfer_sgl.rotasched.planner import (
     CLIP_MAX_NEW_TOKENS,
@@ -42,6 +43,8 @@ class RotaSched(Policy):
         self.last_decision: Decision | None = None
         self._short: bool | None = None
         self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
+        self._meter: CostMeter | None = None  # SimConfig.measured_costs
+        self._fed: tuple[float, int, int] | None = None  # the last step the meter was fed
 
     def plan(self, sim: SimState) -> Plan:
         cfg, now = sim.config, sim.now
@@ -67,14 +70,29 @@ class RotaSched(Policy):
         return quantum_s(self.mode, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
 
     def _goodput(self, sim: SimState) -> GoodputParams:
-        """The step costs the server would have measured: the profile's, for the current batch."""
+        """The step costs the server would have measured: the profile's, for the current batch;
+        or (`SimConfig.measured_costs`) what the server's CostMeter makes of the simulated steps."""
         step = sim.profile.step
+        if sim.config.measured_costs:
+            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s)
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
         # decode already holds the step's fixed time (base_s): a prefill adds only its own
         costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s,
                           sim.config.step_jitter)
         return GoodputParams(costs, sim.config.max_best_effort_wait_s)
+
+    def _measured(self, sim: SimState) -> StepCosts:
+        """The server's meter, fed each simulated iteration once, as runtime._measure_last_step
+        feeds it (starting, as the server does, from nothing measured; the rotation's cost is
+        the profile's, which the server measures on every rotation)."""
+        if self._meter is None:
+            self._meter = CostMeter(StepCosts(0.0, 0.0, 0.0, sim.profile.step.per_resume_s))
+        last = sim.last_step
+        if last is not None and last is not self._fed:
+            self._fed = last
+            self._meter.observe_step(*last)
+        return self._meter.costs
 
     # ---- views (runtime._views) --------------------------------------------------------------
     def _running_reserve(self, sim: SimState) -> float:
