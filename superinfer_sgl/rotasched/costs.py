@@ -29,9 +29,9 @@ SPREAD_CLIP = 1.0  # a step off by more (an idle turn, a stall) counts as off by
 # not to the batch, and single steps spread 15-20% on a shared CPU. It is fitted only once enough
 # prefills of different sizes have been seen (with every prefill capped at one size the line is
 # undetermined, and the prior stands). Without it the intercept is folded into the per-token cost:
-# with a positive one (on the H100 profile ~10 ms against 0.08 ms per token) small capped chunks are
-# overpriced and long prompts underpriced; with a negative one (a mixed step's prefill partly fills
-# the decode step's floor: the GH200 profile) long prompts were priced ~30% under their time.
+# with a positive one (on the H100 profile ~10 ms against 0.08 ms per token) a 64-token capped chunk
+# is priced at ~40% of its time and a long prompt ~13% over it; with a negative one (a mixed step's
+# prefill partly fills the decode step's floor: the GH200 profile) long prompts ~30% under theirs.
 BASE_SMOOTHING = 0.02
 BASE_MIN_PREFILLS = 20
 BASE_MIN_SIZE_CV = 0.25  # the sizes' spread (std / mean) the line needs
@@ -116,4 +116,5 @@ class CostMeter:
 
     @property
     def costs(self) -> StepCosts:
-        return StepCosts(self._per_token, max(0.0, self._intercept), self._decode, self._rotation, math.sqrt(self._spread_sq))
+        return StepCosts(self._per_token, max(0.0, self._intercept), self._decode, self._rotation,
+                         math.sqrt(self._spread_sq))
