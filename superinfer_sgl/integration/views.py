@@ -53,7 +53,8 @@ def rotatable(sched: Any, req: Any) -> bool:
 def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rotate: bool,
          prefill_tokens: int = 0) -> ReqView:
     """One request's view: its clock's times and SLO, the blocks it needs or holds, and what
-    goodput mode reads (gaps it may still miss, from `max_new_tokens`; TTFT met; class weight)."""
+    goodput mode reads (gaps it may still miss and outputs left, from `max_new_tokens`; TTFT met;
+    class weight)."""
     left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
     return ReqView(
         rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,
@@ -61,5 +62,5 @@ def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rot
         ttft_slo=clk.slo.ttft_s, tbt_slo=clk.slo.tbt_s,
         blocks_needed=need, blocks_held=held, rotatable=can_rotate,
         prefill_tokens=max(0, prefill_tokens), misses_left=clk.misses_left(left), ttft_met=clk.ttft_met,
-        weight=clk.slo.weight,
+        weight=clk.slo.weight, outputs_left=min(left, CLIP_MAX_NEW_TOKENS),
     )

@@ -31,8 +31,9 @@ class Decision:
     resume: tuple[str, ...] = ()  # ROTARY rids, in resume order
     rotate_out: tuple[str, ...] = ()  # RUNNING rids to move to host
     contention: bool = False  # False: memory covered all demand and FCFS was used
-    # The urgent (VLT > 0) request the scan stopped at: it did not fit, and nobody ranked below it
-    # may take the memory it waits for. The executor offers nobody else outside LVF's choices.
+    # The request the scan stopped at (urgent: VLT > 0; or goodput mode's best-effort queue head):
+    # it did not fit, and nobody ranked below it may take the memory it waits for. The executor
+    # offers nobody else outside LVF's choices.
     blocked: str | None = None
     # Goodput mode: the most prefill tokens this iteration may carry (the executor's chunk size
     # for this step, if smaller than the configured one); None: the configured chunk size.
@@ -143,7 +144,7 @@ def _rank(
     goodput: GoodputParams | None, chunk: int | None = None,
 ) -> tuple[_Ranked, list[ReqView]]:
     """Step 2: sort by VLT descending, ties oldest arrival first, then rid (goodput mode: by
-    tier first, then earliest deadline, `goodput.rank_key`).
+    tier first, then `goodput.rank_key`: earliest deadline, best-effort longest output left).
 
     Returns the head candidates (waiting/rotary: `waiting_rotary`, the non-running views)
     and the tail candidates (rotatable running with VLT < 0) in tail-first order: the paper's
@@ -154,8 +155,9 @@ def _rank(
     if goodput is None:
         pending = [(VIABLE, -lag, v.arrival, v.rid, v, lag > 0) for v, lag in zip(waiting_rotary, lags)]
     else:
-        pending = [(gp_rules.tier(v, now, goodput, chunk), gp_rules.rank_key(v, now), v.arrival, v.rid, v,
-                    lag > 0) for v, lag in zip(waiting_rotary, lags)]
+        tiers = [gp_rules.tier(v, now, goodput, chunk) for v in waiting_rotary]
+        pending = [(t, gp_rules.rank_key(v, now, t), v.arrival, v.rid, v, lag > 0)
+                   for v, lag, t in zip(waiting_rotary, lags, tiers)]
     pending.sort()
     movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
     stints = vlts(movable, now, params)  # -stint length for running requests
@@ -188,7 +190,10 @@ class _HeadScan:
     rotation budget; one over it is skipped, not waited for.
 
     Goodput mode also queues prefills: a viable waiting request that cannot get its first token
-    in time behind the prefills already chosen is deferred to the end as best-effort.
+    in time behind the prefills already chosen is deferred to the end as best-effort. And the
+    best-effort tier is a queue too: its first request that does not fit stops the scan, as an
+    urgent one does (but it never displaces anyone), since its longest-output-first order puts
+    the largest requests first, and any smaller one behind would take each block freed for them.
     """
 
     def __init__(self, pending: _Ranked, free: int, budget: int, wall: int, now: float,
@@ -211,7 +216,8 @@ class _HeadScan:
                     continue
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):
-                if urgent and need <= wall and not (view.state is _ROTARY and need > budget):
+                queued = urgent or (goodput is not None and tier == BEST_EFFORT)
+                if queued and need <= wall and not (view.state is _ROTARY and need > budget):
                     return chosen, used, view.rid
                 continue
             if view.state is _ROTARY:

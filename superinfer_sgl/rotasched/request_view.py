@@ -48,6 +48,9 @@ class ReqView:
     misses_left: int = NO_LIMIT
     ttft_met: bool | None = None  # None until its first token
     weight: float = 1.0  # its SLO class's weight: who wins when not everyone can
+    # Outputs it may still produce (max_new_tokens less those produced), clipped as SGLang clips
+    # its decode reserve (4096): past that a server cannot tell long from unbounded.
+    outputs_left: int = 0
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class ReqView:
         misses_left: int = NO_LIMIT,
         ttft_met: bool | None = None,
         weight: float = 1.0,
+        outputs_left: int = 0,
     ) -> None:
         # Slot descriptors' setters (bound below the class): frozen stays frozen for others.
         _set_rid(self, rid)
@@ -81,6 +85,7 @@ class ReqView:
         _set_misses_left(self, misses_left)
         _set_ttft_met(self, ttft_met)
         _set_weight(self, weight)
+        _set_outputs_left(self, outputs_left)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -95,6 +100,7 @@ class ReqView:
         assert self.tbt_slo > 0 and math.isfinite(self.tbt_slo), f"{self.rid}: tbt_slo > 0"
         assert self.blocks_needed >= 0 and self.blocks_held >= 0, f"{self.rid}: negative blocks"
         assert self.prefill_tokens >= 0, f"{self.rid}: negative prefill_tokens"
+        assert self.outputs_left >= 0, f"{self.rid}: negative outputs_left"
         assert self.weight > 0 and math.isfinite(self.weight), f"{self.rid}: weight > 0"
         assert not running or self.blocks_needed == 0, f"{self.rid}: RUNNING needs no blocks"
         assert running or self.blocks_held == 0, f"{self.rid}: only RUNNING holds blocks"
@@ -114,4 +120,5 @@ _set_blocks_needed, _set_blocks_held = _setters["blocks_needed"], _setters["bloc
 _set_rotatable, _set_prefill_tokens = _setters["rotatable"], _setters["prefill_tokens"]
 _set_misses_left, _set_ttft_met, _set_weight = (_setters["misses_left"], _setters["ttft_met"],
                                                 _setters["weight"])
-assert len(_setters) == 14, "a new ReqView field must be set in ReqView.__init__"
+_set_outputs_left = _setters["outputs_left"]
+assert len(_setters) == 15, "a new ReqView field must be set in ReqView.__init__"

@@ -40,13 +40,37 @@ def test_a_request_that_cannot_make_its_ttft_yields_to_one_that_can() -> None:
     views = [waiting("late", 4.5, tokens=1000), waiting("ontime", 3.0), running("r", 1.0)]
     assert lvf_decide(views, 10, 0, NOW, P).admit == ("late",)
     d = lvf_decide(views, 10, 0, NOW, P, GP)
-    assert d.admit == ("ontime",) and d.blocked is None
+    assert d.admit == ("ontime",) and d.blocked == "late"  # best-effort now, first in its queue
 
 
-def test_best_effort_takes_only_free_memory_and_never_blocks() -> None:
+def test_best_effort_takes_only_free_memory_and_never_displaces() -> None:
     views = [waiting("lost", 10.0, blocks=30), waiting("ok", 3.0, blocks=5), running("r", 9.0)]
     d = lvf_decide(views, 20, 0, NOW, P, GP)
-    assert d.admit == ("ok",) and d.blocked is None and d.rotate_out == ()
+    assert d.admit == ("ok",) and d.rotate_out == ()
+    # Even with a lost running request to rotate out and the budget to do it.
+    views.append(running("gone", 9.0, blocks=40, ttft_met=False))
+    d = lvf_decide(views, 20, 100, NOW, P, GP)
+    assert d.admit == ("ok",) and d.rotate_out == ()
+
+
+def test_best_effort_requests_go_longest_output_first_in_a_queue() -> None:
+    # Two lost requests and a viable one, short of memory. The viable one first; then the longest
+    # remaining output (it sets when the work ends); a shorter one behind it may not take the
+    # memory it waits for, however small; equal outputs (clipped alike): the oldest first.
+    def lost(rid: str, waited: float, left: int, blocks: int) -> ReqView:
+        return ReqView(rid, W, NOW - waited, None, None, 5.0, 0.1, blocks, 0, True, 100, outputs_left=left)
+    short, long_ = lost("short", 20.0, 50, 5), lost("long", 8.0, 2000, 10)
+    views = [short, long_, waiting("ok", 1.0, blocks=10), running("r", 9.0, blocks=40)]
+    d = lvf_decide(views, 24, 0, NOW, P, GP)
+    assert d.admit == ("ok", "long") and d.blocked == "short"
+    d = lvf_decide(views, 15, 0, NOW, P, GP)
+    assert d.admit == ("ok",) and d.blocked == "long"
+    assert admission_order(["short", "long", "ok"], [], d) == ["ok", "long"]
+    a, b = lost("a", 9.0, 4096, 10), lost("b", 12.0, 4096, 10)
+    assert lvf_decide([a, b, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GP).admit == ("b",)
+    # A head that could never fit (more than free plus all running requests hold) is skipped.
+    huge = lost("huge", 8.0, 3000, 100)
+    assert lvf_decide([huge, short, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GP).admit == ("short",)
 
 
 def test_queue_ahead_counts_prefills_already_chosen() -> None:

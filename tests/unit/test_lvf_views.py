@@ -38,6 +38,7 @@ def test_init_signature_is_the_dataclass_one() -> None:
         misses_left: int = NO_LIMIT
         ttft_met: bool | None = None
         weight: float = 1.0
+        outputs_left: int = 0
 
     ours = inspect.signature(ReqView.__init__).parameters
     theirs = inspect.signature(Generated.__init__).parameters

@@ -35,9 +35,9 @@ What is configured so that the two sides can agree (and why):
   prefetch's slots are added back to the server's free blocks, so it would not change them).
 
 Fields that legitimately differ and are not compared:
-- RUNNING views in paper mode: `last_token`, `misses_left`, `ttft_met`. The simulator reuses a
-  running request's cached view while it does not move (ratio 1, short outputs), keeping the values
-  it was built with; paper-mode LVF reads none of them for a running request (goodput mode
+- RUNNING views in paper mode: `last_token`, `misses_left`, `ttft_met`, `outputs_left`. The
+  simulator reuses a running request's cached view while it does not move (ratio 1, short
+  outputs), keeping the values it was built with; paper-mode LVF reads none of them for a running request (goodput mode
   rebuilds running views every step, and there they are compared).
 """
 
@@ -79,7 +79,7 @@ CLASSES = SloClasses.parse(CLASSES_JSON)
 STEP = StepModel(base_s=0.004, per_prefill_token_s=0.0001, per_decode_token_s=0.002, per_resume_s=0.01)
 LINK = LinkModel("test", (1024.0,), (1.0,), (1.0,), 1.0, 1.0)
 # Compared except where noted in the module docstring.
-RUNNING_CACHED = {"last_token", "misses_left", "ttft_met"}
+RUNNING_CACHED = {"last_token", "misses_left", "ttft_met", "outputs_left"}
 
 
 @dataclass(frozen=True)

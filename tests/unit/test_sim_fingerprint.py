@@ -15,8 +15,9 @@ the summary gained `ttft_max_s` (every hash moves; every run's other numbers wer
 first) and the goodput policy's cases were added; re-pinned the same day when goodput mode gained
 its prefill cap, and again when goodput's step costs took a prefill's fixed time as beyond the
 decode step it rides with, and 2026-11-24 when the cap gained its margins (CAP_TBT_SHARE,
-SPARE_MISSES) (only the goodput cases moved each time; the speed file, not re-pinned for `ttft_max_s`
-before, was re-pinned with it).
+SPARE_MISSES), and 2026-11-25 when best-effort requests became a longest-output-first queue
+(only the goodput cases moved each time; the speed file, not re-pinned for `ttft_max_s` before,
+was re-pinned with it).
 Float results are bit-exact on one platform (x86-64 CPython 3.11 here), not across all.
 """
 
@@ -44,7 +45,7 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "d26c6a635fd7d4dc768496106fa460ca04b214ba11113b2440cbcc08c9bf4d98",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "fc6513dcaae86bb4f1411e648e628b3270c13aa97cd70b147f4e27eceb72a0e1",
     "gh200-qwen2.5-32b/goodput/15": "53240c9d687b44b43ed3a002ac8141d98c43dd867dbf60db19c60603df2f3dbc",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }

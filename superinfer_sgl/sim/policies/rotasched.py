@@ -171,14 +171,15 @@ def _reserve(r: SimReq, ratio: float) -> float:
 
 
 def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
-    """runtime._view. A cached RUNNING view keeps the last_token it was built with: LVF reads
-    last_token only for non-running requests."""
+    """runtime._view. A cached RUNNING view (paper mode) keeps the last_token and outputs_left
+    it was built with: LVF reads them only for non-running requests."""
     c = r.clock
     # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,
     # tbt_slo, blocks_needed, blocks_held, rotatable, prefill_tokens, misses_left, ttft_met,
-    # weight): keywords cost ~0.4 us per view.
+    # weight, outputs_left): keywords cost ~0.4 us per view.
+    left = r.remaining
     return ReqView(r.spec.rid, state, c.arrival, c.last_token,
                    c.run_start if state is _RUNNING else None,
                    r.slo_s[0], r.slo_s[1], need, held, rotatable,
-                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(r.remaining), c.ttft_met,
-                   r.spec.weight)
+                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(left), c.ttft_met,
+                   r.spec.weight, max(0, left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS))
