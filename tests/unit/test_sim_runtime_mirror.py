@@ -194,3 +194,13 @@ def test_a_class_weight_reaches_the_policys_views() -> None:
     sim.step()
     views = sim.policy._views(sim)  # type: ignore[attr-defined]
     assert {v.rid: v.weight for v in views} == {"a": 3.0, "b": 1.0}
+
+
+def test_outputs_left_are_clipped_as_the_decode_reserve_is() -> None:
+    """Best-effort requests queue longest output first; past SGLang's reserve clip (4096) a
+    server cannot tell long from unbounded, so the views clip there (integration.views.view
+    too: the planner equivalence test compares every field)."""
+    specs = [RequestSpec("a", 0.0, 10, 5000), RequestSpec("b", 0.0, 10, 30)]
+    sim = sim_of(specs, "goodput")
+    sim.step()  # both prefilled: one output each
+    assert {v.rid: v.outputs_left for v in sim.policy._views(sim)} == {"a": 4096, "b": 29}  # type: ignore[attr-defined]
