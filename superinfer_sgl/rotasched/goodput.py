@@ -15,15 +15,16 @@ but ranks by what a request can still gain:
   `max_best_effort_wait_s` (the starvation bound: from then on it is first in line for memory).
 Within the other tiers, earliest deadline first (`rank_key`: the slack of the SLO clock that is
 ticking, stretched by the SLO class's weight); VLT still decides who is urgent, i.e. who may take
-memory that rotation frees. EDF is what LVF's order is for one SLO (the oldest request is the most late),
-so single-class runs rank as before; across classes it puts a fresh request of a tight class
-before a loose one that still has seconds to spare, where LVF's absolute lag put the loose one
-first once it passed half its TTFT SLO. EDF's weakness, the overload domino, is what the tiers
-remove: a request that can no longer make its deadline leaves the viable tier. Rotate-out victims are only
-requests that can no longer meet their SLOs (rotating one out costs goodput nothing), and only
-when the stall the rotation adds to the step keeps every running request with no gap to spare
-within its TBT SLO. Likewise prefill: an iteration carries at most as many prefill tokens as keep
-that step within the TBT SLO of every such request (`prefill_cap`: stall-free chunking).
+memory that rotation frees. EDF is what LVF's order is for one SLO (the oldest request is the
+most late), so single-class runs rank as before; across classes it puts a fresh request of a
+tight class before a loose one that still has seconds to spare, where LVF's absolute lag put the
+loose one first once it passed half its TTFT SLO. EDF's weakness, the overload domino, is what
+the tiers remove: a request that can no longer make its deadline leaves the viable tier.
+Rotate-out victims are only requests that can no longer meet their SLOs (rotating one out costs
+goodput nothing), and only when the stall the rotation adds to the step keeps every running
+request with no gap to spare within its TBT SLO. Likewise prefill: an iteration carries at most
+as many prefill tokens as keep that step within the TBT SLO of every such request
+(`prefill_cap`: stall-free chunking).
 """
 
 from __future__ import annotations

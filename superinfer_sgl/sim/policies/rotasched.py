@@ -182,4 +182,4 @@ def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool
                    c.run_start if state is _RUNNING else None,
                    r.slo_s[0], r.slo_s[1], need, held, rotatable,
                    max(0, r.extend) if state is _WAITING else 0, c.misses_left(left), c.ttft_met,
-                   r.spec.weight, max(0, left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS))
+                   r.spec.weight, min(max(0, left), CLIP_MAX_NEW_TOKENS))
