@@ -8,10 +8,11 @@ attainment.png into --out.
 
     python scripts/sim_goodput_sweep.py --jobs 2 --out results/sim_goodput
 
-`--measured-costs`: goodput reads the step costs a CostMeter learns from the simulated iterations,
-starting from nothing, as the server's does (SimConfig.measured_costs), instead of the profile's:
+Goodput reads the step costs a CostMeter learns from the simulated iterations, starting from
+nothing, as the server's does (SimConfig.measured_costs); `--profile-costs` hands it the
+profile's exact costs instead (what a server would measure at best):
 
-    python scripts/sim_goodput_sweep.py --jobs 2 --measured-costs --out results/sim_goodput_measured
+    python scripts/sim_goodput_sweep.py --jobs 2 --profile-costs --out results/sim_goodput_profile_costs
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ KEYS = ("both_attainment", "ttft_attainment", "tbt_attainment", "throughput_tok_
         "ttft_max_s", "finished", "requests", "rotations_out")
 
 
-def jobs(policies: tuple[str, ...] = POLICIES, measured_costs: bool = False) -> list[Job]:
+def jobs(policies: tuple[str, ...] = POLICIES, measured_costs: bool = True) -> list[Job]:
     return [Job(prof, pol, wl, rate, 120.0, seed, mixed_chunk=True, measured_costs=measured_costs)
             for prof, rates in PROFILES.items() for wl, seed in WORKLOADS for rate in rates
             for pol in policies]
@@ -72,7 +73,7 @@ def table(data: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(data: list[dict], path: Path, measured_costs: bool = False) -> None:
+def plot(data: list[dict], path: Path, measured_costs: bool = True) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,7 +96,7 @@ def plot(data: list[dict], path: Path, measured_costs: bool = False) -> None:
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    costs = "; goodput with measured step costs (--measured-costs)" if measured_costs else ""
+    costs = "" if measured_costs else "; goodput with the profile's step costs (--profile-costs)"
     fig.suptitle("Simulator: joint attainment (TTFT 5 s and 90% of gaps <= 100 ms), mixed chunk for all"
                  f"{costs}; python scripts/sim_goodput_sweep.py", fontsize=10)
     fig.tight_layout()
@@ -106,8 +107,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_goodput"))
-    ap.add_argument("--measured-costs", action="store_true",
-                    help="goodput learns its step costs from the simulated steps, as the server does")
+    ap.add_argument("--profile-costs", action="store_true",
+                    help="goodput reads the profile's exact step costs instead of learning them from the "
+                         "simulated steps as the server does")
     ap.add_argument("--replot", action="store_true", help="redo table and plot from sweep.json")
     ap.add_argument("--only", action="append", choices=POLICIES,
                     help="re-run only these policies and replace their rows in the existing sweep.json "
@@ -120,20 +122,20 @@ def main() -> int:
     elif a.only:
         doc = json.loads((a.out / "sweep.json").read_text())
         kept = [r for r in doc["rows"] if r["policy"] not in a.only]
-        doc["rows"] = kept + rows(run_jobs(jobs(tuple(a.only), doc.get("measured_costs", False)), a.jobs))
+        doc["rows"] = kept + rows(run_jobs(jobs(tuple(a.only), doc.get("measured_costs", True)), a.jobs))
         doc.setdefault("updates", []).append({"date_utc": now, "policies": a.only,
                                               "command": "python scripts/sim_goodput_sweep.py " + " ".join(sys.argv[1:])})
         (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     else:
-        results = run_jobs(jobs(measured_costs=a.measured_costs), a.jobs)
+        results = run_jobs(jobs(measured_costs=not a.profile_costs), a.jobs)
         doc = {"command": "python scripts/sim_goodput_sweep.py " + " ".join(sys.argv[1:]),
                "date_utc": now, "machine": {"node": platform.node(), "cpus": os.cpu_count()},
-               "measured_costs": a.measured_costs,
+               "measured_costs": not a.profile_costs,
                "data_attribution": AZURE_ATTRIBUTION,
                "rows": rows(results)}
         (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     (a.out / "table.md").write_text(table(doc["rows"]))
-    plot(doc["rows"], a.out / "attainment.png", doc.get("measured_costs", False))
+    plot(doc["rows"], a.out / "attainment.png", doc.get("measured_costs", True))
     print(table(doc["rows"]))
     return 0
 

@@ -70,9 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="goodput policy: starvation bound (the server's --max-best-effort-wait-ms)")
     run.add_argument("--step-jitter", type=float, default=0.0,
                      help="spread of single steps (coefficient of variation; the CPU server's: ~0.15)")
-    run.add_argument("--measured-costs", action="store_true",
-                     help="goodput policy: step costs from the server's CostMeter fed the simulated "
-                          "steps, instead of the profile's")
+    run.add_argument("--profile-costs", action="store_true",
+                     help="goodput policy: the profile's exact step costs instead of what the server's "
+                          "CostMeter learns from the simulated steps (the default, as the server does)")
     run.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
     run.add_argument("--jobs", type=int, default=1, help="worker processes")
     run.add_argument("--json", type=Path, help="write all summaries here")
@@ -97,7 +97,7 @@ def _run(a: argparse.Namespace) -> None:
                 None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
                 a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
                 a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
-                measured_costs=a.measured_costs)
+                measured_costs=not a.profile_costs)
             for pol in (a.policy or list(POLICIES))]
     results = run_jobs(jobs, a.jobs, progress=False)
     print(f"workload: {results[0]['workload']}; profile: {results[0]['profile']}")

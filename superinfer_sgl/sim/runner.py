@@ -75,7 +75,7 @@ class Job:
     vlt: tuple[float, float, float] = (3.0, 0.5, 0.0)
     max_best_effort_wait_s: float = SimConfig.max_best_effort_wait_s
     step_jitter: float = 0.0  # SimConfig.step_jitter, seeded with the workload's seed
-    measured_costs: bool = False  # SimConfig.measured_costs
+    measured_costs: bool = SimConfig.measured_costs  # the server's meter; False: the profile's costs
     tags: dict = field(default_factory=dict)
 
     def config(self) -> SimConfig:

@@ -32,11 +32,12 @@ class SimConfig:
     # any model of them (docs/journal.md#jitter). 0: deterministic steps.
     step_jitter: float = 0.0
     jitter_seed: int = 0
-    # Goodput mode's step costs: False, the profile's, exact for the current batch (what a server
-    # would measure at best); True, a CostMeter fed every simulated iteration as the server feeds
-    # its own (rotasched.costs: moving averages, the prefill's fixed time fitted), so the
-    # simulator also runs what the server learns, and how well.
-    measured_costs: bool = False
+    # Goodput mode's step costs: True (the server as shipped), a CostMeter fed every simulated
+    # iteration as the server feeds its own (rotasched.costs: moving averages from nothing
+    # measured, the prefill's fixed time fitted), so the simulator runs what the server learns,
+    # and how well; False, the profile's, exact for the current batch (what a server would
+    # measure at best: `sim run --profile-costs`).
+    measured_costs: bool = True
     # Goodput mode's starvation bound (the server's --max-best-effort-wait-ms).
     max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0
 

@@ -315,7 +315,10 @@ class Sim:
         prof = Profile("tiny", ModelShape("tiny", 2, 1000), ServerLimits(sc.pool, CHUNK), STEP, LINK)
         cfg = SimConfig(budget_blocks=sc.budget, block_tokens=sc.bt, ignore_eos=sc.ratio is None,
                         min_stint_s=None if sc.stint_ms is None else sc.stint_ms / 1000.0,
-                        max_best_effort_wait_s=sc.best_effort_wait_ms / 1000.0)
+                        max_best_effort_wait_s=sc.best_effort_wait_ms / 1000.0,
+                        # the profile's costs: the scenario is scripted around them (a meter learning
+                        # from a dozen steps would cap nothing); the server is handed the same costs
+                        measured_costs=False)
         self.ratio = sc.ratio
         self.sim = Simulator(Workload(tuple(specs), "test"), prof, RotaSched("duplex", mode=policy), cfg)
         self.by_rid = {r.spec.rid: r for r in self.sim.reqs}

@@ -15,7 +15,8 @@ the summary gained `ttft_max_s` (every hash moves; every run's other numbers wer
 first) and the goodput policy's cases were added; re-pinned the same day when goodput mode gained
 its prefill cap, and again when goodput's step costs took a prefill's fixed time as beyond the
 decode step it rides with, and 2026-11-24 when the cap gained its margins (CAP_TBT_SHARE,
-SPARE_MISSES), and 2026-11-25 when best-effort requests became a longest-output-first queue
+SPARE_MISSES), and 2026-11-25 when best-effort requests became a longest-output-first queue and
+again when the simulator's goodput took its step costs from the server's cost meter by default
 (only the goodput cases moved each time; the speed file, not re-pinned for `ttft_max_s` before,
 was re-pinned with it).
 Float results are bit-exact on one platform (x86-64 CPython 3.11 here), not across all.
@@ -45,8 +46,8 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "fc6513dcaae86bb4f1411e648e628b3270c13aa97cd70b147f4e27eceb72a0e1",
-    "gh200-qwen2.5-32b/goodput/15": "53240c9d687b44b43ed3a002ac8141d98c43dd867dbf60db19c60603df2f3dbc",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "d4d8efc37cd9ab2d0a779d5c110a662c1c3810156bd498ae78f79994e72f5ec6",
+    "gh200-qwen2.5-32b/goodput/15": "645f94eac4c7bc9032fd4b2a455e6ce01dd7ad9d29bd7dbdad3d81b7d052ab8d",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }
 CASES = {c[0]: c for c in small_cases()}

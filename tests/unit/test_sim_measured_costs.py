@@ -28,6 +28,17 @@ def test_the_meter_learns_the_profiles_costs_from_the_simulated_steps() -> None:
 def test_measured_costs_change_nothing_for_the_other_policies() -> None:
     wl = sharegpt_like(5.0, 10.0, seed=1)
     for policy in ("sglang", "paper"):
-        a = summarize(run(wl, policy, mixed_chunk=True))
+        a = summarize(run(wl, policy, mixed_chunk=True, measured_costs=False))
         b = summarize(run(wl, policy, mixed_chunk=True, measured_costs=True))
         assert a == b
+
+
+def test_the_server_as_shipped_is_the_default() -> None:
+    """`sim run --policy goodput` runs the server's defaults: the meter, not the profile's costs."""
+    from superinfer_sgl.sim.__main__ import _parser as build_parser
+    from superinfer_sgl.sim.engine import SimConfig
+    from superinfer_sgl.sim.runner import Job
+    assert SimConfig().measured_costs and Job("gh200-qwen2.5-32b", "goodput").config().measured_costs
+    args = build_parser().parse_args(["run", "--policy", "goodput"])
+    assert not args.profile_costs
+    assert build_parser().parse_args(["run", "--policy", "goodput", "--profile-costs"]).profile_costs

@@ -70,8 +70,9 @@ class RotaSched(Policy):
         return quantum_s(self.mode, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
 
     def _goodput(self, sim: SimState) -> GoodputParams:
-        """The step costs the server would have measured: the profile's, for the current batch;
-        or (`SimConfig.measured_costs`) what the server's CostMeter makes of the simulated steps."""
+        """The step costs the server measures: what its CostMeter makes of the simulated steps
+        (`SimConfig.measured_costs`, the default); or the profile's, exact for the current batch
+        (what a server would measure at best)."""
         step = sim.profile.step
         if sim.config.measured_costs:
             return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s)
