@@ -44,6 +44,12 @@ def jobs(policies: tuple[str, ...] = POLICIES, measured_costs: bool = True) -> l
             for pol in policies]
 
 
+def made_with_meter(doc: dict) -> bool:
+    """Whether a sweep.json's goodput rows used the cost meter; files from before the key existed
+    were all made with the profile's costs."""
+    return bool(doc.get("measured_costs", False))
+
+
 def rows(results: list[dict]) -> list[dict]:
     out = []
     for r in results:
@@ -122,7 +128,7 @@ def main() -> int:
     elif a.only:
         doc = json.loads((a.out / "sweep.json").read_text())
         kept = [r for r in doc["rows"] if r["policy"] not in a.only]
-        doc["rows"] = kept + rows(run_jobs(jobs(tuple(a.only), doc.get("measured_costs", True)), a.jobs))
+        doc["rows"] = kept + rows(run_jobs(jobs(tuple(a.only), made_with_meter(doc)), a.jobs))
         doc.setdefault("updates", []).append({"date_utc": now, "policies": a.only,
                                               "command": "python scripts/sim_goodput_sweep.py " + " ".join(sys.argv[1:])})
         (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -135,7 +141,7 @@ def main() -> int:
                "rows": rows(results)}
         (a.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     (a.out / "table.md").write_text(table(doc["rows"]))
-    plot(doc["rows"], a.out / "attainment.png", doc.get("measured_costs", True))
+    plot(doc["rows"], a.out / "attainment.png", made_with_meter(doc))
     print(table(doc["rows"]))
     return 0
 
