@@ -10,11 +10,18 @@ hook checks the result). The folded keys then travel with the request to the sch
 RotaSched runtime reads them like keys the client sent itself. A bad value raises ValueError,
 which SGLang turns into HTTP 400 (a streaming request gets it as the stream's error event, like
 SGLang's own validation errors).
+
+The same wrapper stamps when the server received the request (`RECEIVED_KEY`, wall-clock seconds,
+replacing anything a client sent under that key): the scheduler sees a request only after it was
+parsed, templated, tokenized and sent over, and only between two iterations, 50-300 ms later on
+our CPU server. A TTFT clock started there gave the policy that much slack the client never had.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from ..config import SuperInferConfig, slo_conventions
@@ -31,6 +38,7 @@ def around_generate(cfg: SuperInferConfig) -> Callable[..., AsyncIterator[Any]]:
     async def generate(original: Callable[..., AsyncIterator[Any]], self: Any, obj: Any,
                        *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         if isinstance(obj, GenerateReqInput):  # embedding requests have no SLO
+            stamp_received(obj, received_unix(getattr(obj, "received_time", None)))
             await fold_request(conv, obj, args[0] if args else kwargs.get("request"))
         async with contextlib.aclosing(original(self, obj, *args, **kwargs)) as responses:
             async for response in responses:
@@ -62,6 +70,38 @@ async def fold_request(conv: SloConventions, obj: Any, request: Any) -> None:
             obj.sampling_params = fold(obj.sampling_params)
     except SloError as exc:
         raise ValueError(str(exc)) from None
+
+
+RECEIVED_KEY = "superinfer_received_unix"
+
+
+def received_unix(received_perf: float | None) -> float:
+    """Wall-clock time the server received a request: SGLang's OpenAI layer notes it
+    (`received_time`, perf_counter of this process) before templating and tokenizing; the
+    native API does not, and then it is now."""
+    now = time.time()
+    if received_perf is None or not math.isfinite(received_perf):
+        return now
+    return now - max(0.0, time.perf_counter() - received_perf)
+
+
+def stamp_received(obj: Any, when_unix: float) -> None:
+    """Put `when_unix` into every sampling-params dict of `obj` under custom_params[RECEIVED_KEY]
+    (the scheduler's RotaSched clock starts there). Values SGLang will reject anyway (params or
+    custom_params that are not objects) are left for its validation to name."""
+
+    def stamp(params: Any) -> Any:
+        if params is not None and not isinstance(params, dict):
+            return params
+        custom = (params or {}).get("custom_params")
+        if custom is not None and not isinstance(custom, dict):
+            return params
+        return {**(params or {}), "custom_params": {**(custom or {}), RECEIVED_KEY: when_unix}}
+
+    if isinstance(obj.sampling_params, list):
+        obj.sampling_params = [stamp(p) for p in obj.sampling_params]
+    else:
+        obj.sampling_params = stamp(obj.sampling_params)
 
 
 def _headers(request: Any) -> dict[str, str]:

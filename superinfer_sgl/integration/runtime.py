@@ -9,6 +9,7 @@ radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in L
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ from ..rotasched.clock import ReqClock
 from . import rotation
 from .rotation import RotationStats
 from . import views as req_views
+from .http_slo import RECEIVED_KEY
 from .kv_adapter import UnsupportedKVPool, device_pool_view
 from .prefetch import Prefetcher
 
@@ -45,6 +47,17 @@ DEFAULT_HOST_RAM_FRACTION = 0.25
 # profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
+MAX_INTAKE_S = 600.0  # a longer intake delay is a clock step, not a queue: it is capped here
+
+
+def intake_delay_s(custom_params: Any, now_unix: float) -> float:
+    """Seconds since the HTTP layer received the request (http_slo.stamp_received), which the
+    request's TTFT clock is backdated by: what its client is already waiting. 0 without a stamp
+    (a scheduler fed by something else) and never negative (clocks of different processes)."""
+    stamped = custom_params.get(RECEIVED_KEY) if isinstance(custom_params, dict) else None
+    if isinstance(stamped, bool) or not isinstance(stamped, (int, float)) or not math.isfinite(stamped):
+        return 0.0
+    return min(MAX_INTAKE_S, max(0.0, now_unix - float(stamped)))
 
 
 class RotaSchedRuntime:
@@ -144,7 +157,8 @@ class RotaSchedRuntime:
             except SloError:  # validated in the tokenizer; never drop a request over it here
                 slo = self.default_slo
             cls = params.get("slo_class") if isinstance(params, dict) else None
-            clk = ReqClock(req.rid, now, slo, slo_class=cls if isinstance(cls, str) else None)
+            clk = ReqClock(req.rid, now - intake_delay_s(params, time.time()), slo,
+                           slo_class=cls if isinstance(cls, str) else None)
             self.clocks[req.rid] = clk
         return clk
 

@@ -153,6 +153,23 @@ def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
     assert rt.clock(bad, 0.0).slo == rt.default_slo  # validated earlier, in the tokenizer
 
 
+def test_a_clock_starts_when_the_http_layer_received_the_request() -> None:
+    import time
+
+    from superinfer_sgl.integration.http_slo import RECEIVED_KEY
+    from superinfer_sgl.integration.runtime import MAX_INTAKE_S, intake_delay_s
+
+    rt = make_runtime()
+    r = FakeReq("x")
+    r.sampling_params.custom_params = {RECEIVED_KEY: time.time() - 0.25}
+    arrival = rt.clock(r, 100.0).arrival
+    assert 99.7 < arrival <= 99.75  # backdated by what the client already waited
+    assert intake_delay_s({RECEIVED_KEY: 50.0}, 40.0) == 0.0  # another process's clock ahead
+    assert intake_delay_s({RECEIVED_KEY: 0.0}, 1e9) == MAX_INTAKE_S
+    for odd in ({RECEIVED_KEY: True}, {RECEIVED_KEY: "1"}, {RECEIVED_KEY: float("nan")}, {}, None, [1]):
+        assert intake_delay_s(odd, 1e9) == 0.0
+
+
 def test_default_budget_is_the_papers_capped_by_the_pool() -> None:
     cfg = SuperInferConfig()
     assert rotation_budget(cfg.rotation_budget_blocks, 10_000_000, 16) == 2400

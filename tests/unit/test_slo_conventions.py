@@ -346,3 +346,30 @@ def test_http_layer_turns_a_bad_value_into_a_value_error() -> None:
         _fold(_Obj({}), _request({"text": "hi", "service_tier": "ultra"}, {}))
     with pytest.raises(ValueError, match="invalid SLO header 'x-slo-tpot-ms'"):
         _fold(_Obj({}), _request({"text": "hi"}, {TPOT_HEADER: "nan"}))
+
+
+def test_http_layer_stamps_when_it_received_the_request() -> None:
+    from superinfer_sgl.integration.http_slo import RECEIVED_KEY, stamp_received
+
+    obj = _Obj({"max_new_tokens": 2, "custom_params": {"slo_class": "batch", RECEIVED_KEY: 1.0}})
+    stamp_received(obj, 123.5)  # a client's own value under our key is replaced
+    assert obj.sampling_params == {"max_new_tokens": 2, "custom_params": {"slo_class": "batch", RECEIVED_KEY: 123.5}}
+    obj = _Obj([None, {"custom_params": None}])
+    stamp_received(obj, 7.0)
+    assert obj.sampling_params == [{"custom_params": {RECEIVED_KEY: 7.0}}] * 2
+    for bad in ("text", {"custom_params": [1]}):  # SGLang's validation / resolve_slo names these
+        obj = _Obj(bad)
+        stamp_received(obj, 7.0)
+        assert obj.sampling_params == bad
+
+
+def test_received_time_is_sglangs_note_on_the_wall_clock() -> None:
+    import time
+
+    from superinfer_sgl.integration.http_slo import received_unix
+
+    before = time.time()
+    assert before <= received_unix(None) <= time.time()
+    assert received_unix(float("nan")) >= before
+    got = received_unix(time.perf_counter() - 2.0)  # SGLang noted it 2 s ago
+    assert before - 2.5 < got < time.time() - 1.9
