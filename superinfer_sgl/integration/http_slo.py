@@ -132,3 +132,16 @@ async def _body_field(request: Any, name: str) -> object:
     except Exception:  # not JSON after all: FastAPI would have refused it already
         return None
     return body.get(name) if isinstance(body, dict) else None
+
+
+MAX_INTAKE_S = 600.0  # a longer intake delay is a clock step, not a queue: it is capped here
+
+
+def intake_delay_s(custom_params: Any, now_unix: float) -> float:
+    """Seconds since the HTTP layer received the request (http_slo.stamp_received), which the
+    request's TTFT clock is backdated by: what its client is already waiting. 0 without a stamp
+    (a scheduler fed by something else) and never negative (clocks of different processes)."""
+    stamped = custom_params.get(RECEIVED_KEY) if isinstance(custom_params, dict) else None
+    if isinstance(stamped, bool) or not isinstance(stamped, (int, float)) or not math.isfinite(stamped):
+        return 0.0
+    return min(MAX_INTAKE_S, max(0.0, now_unix - float(stamped)))

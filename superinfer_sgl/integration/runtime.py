@@ -9,7 +9,6 @@ radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in L
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, Callable
 
@@ -36,7 +35,7 @@ from ..rotasched.clock import ReqClock
 from . import rotation
 from .rotation import RotationStats
 from . import views as req_views
-from .http_slo import RECEIVED_KEY
+from .http_slo import intake_delay_s
 from .kv_adapter import UnsupportedKVPool, device_pool_view
 from .prefetch import Prefetcher
 
@@ -47,17 +46,6 @@ DEFAULT_HOST_RAM_FRACTION = 0.25
 # profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
-MAX_INTAKE_S = 600.0  # a longer intake delay is a clock step, not a queue: it is capped here
-
-
-def intake_delay_s(custom_params: Any, now_unix: float) -> float:
-    """Seconds since the HTTP layer received the request (http_slo.stamp_received), which the
-    request's TTFT clock is backdated by: what its client is already waiting. 0 without a stamp
-    (a scheduler fed by something else) and never negative (clocks of different processes)."""
-    stamped = custom_params.get(RECEIVED_KEY) if isinstance(custom_params, dict) else None
-    if isinstance(stamped, bool) or not isinstance(stamped, (int, float)) or not math.isfinite(stamped):
-        return 0.0
-    return min(MAX_INTAKE_S, max(0.0, now_unix - float(stamped)))
 
 
 class RotaSchedRuntime:
@@ -66,6 +54,7 @@ class RotaSchedRuntime:
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
         on_cpu = str(getattr(getattr(sched, "server_args", None), "device", "cpu")) == "cpu"
         self.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, CPU_ROTATION_S_PRIOR if on_cpu else 0.0))
+        self.emit_late = on_cpu and bool(getattr(sched, "enable_overlap", False))  # docs/sim.md: result lag
         self.eager_sync = cfg.eager_sync if cfg.eager_sync is not None else not on_cpu  # config.py
         self._last_step_t: float | None = None
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
@@ -82,8 +71,7 @@ class RotaSchedRuntime:
         self.stats = RotationStats()
         self.iteration = 0
         self._decision = Decision()  # the last step's decision (its prefill cap sizes the next chunk)
-        # Test and debug knobs (config.TEST_KNOB_ENV): forced rotations every N iterations,
-        # a minimum rotary hold, KV hashing across rotation.
+        # Test knobs (config.TEST_KNOB_ENV): forced rotations, a minimum rotary hold, KV hashing.
         self.rotate_every = cfg.test_rotate_interval
         self.hold_rotary = cfg.test_hold_rotary_iters
         self.verify = cfg.verify_rotation
@@ -229,9 +217,8 @@ class RotaSchedRuntime:
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
-        goodput = None
-        if self.cfg.policy == "goodput":
-            goodput = GoodputParams(self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0)
+        goodput = None if self.cfg.policy != "goodput" else GoodputParams(
+            self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late)
         free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt)
         return planner.plan_step(views, free, self.budget, now, self.params,
                                  goodput, self.sched.chunked_req is not None)

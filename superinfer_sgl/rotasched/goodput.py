@@ -74,6 +74,10 @@ class StepCosts:
 class GoodputParams:
     costs: StepCosts
     max_best_effort_wait_s: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S
+    # The server streams a step's tokens only when the following step ends (SGLang's overlap
+    # scheduler on a CPU, where the launch is the forward itself: docs/sim.md), so a request whose
+    # prefill ended last step gets its first token when this step ends (`deadline_budget`).
+    emit_after_next_step: bool = False
 
     def __post_init__(self) -> None:
         if not (self.max_best_effort_wait_s > 0):  # inf allowed: no promotion
@@ -194,6 +198,51 @@ def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
         return None
     room = cap_share(costs.step_cv) * min(tight) - costs.decode_step_s - costs.prefill_base_s
     return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))
+
+
+def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, gp: GoodputParams,
+                    cap: int | None) -> int | None:
+    """Prefill tokens this step may carry so that the requests whose first token it produces still
+    get it by their TTFT deadline; None: no limit below `cap` (this step's prefill cap, None:
+    uncapped). Each such request bounds the step at `room` tokens, what fits between now and its
+    deadline in one mixed step (its decode step and fixed prefill time, the step's measured spread
+    allowed for as in `cap_share`); at least MIN_PREFILL_CHUNK.
+
+    Who that is: every request of `admitted` (this step's admissions, in the order the executor
+    offers them) whose whole prompt fits in the step, since all prompts prefilled in one step get
+    their first token when it ends, those admitted behind a request as much as those ahead of it;
+    and, where the server streams a step's tokens after the next step (`emit_after_next_step`),
+    every running request still waiting for its first token. A request that cannot make its
+    deadline in this step sets no limit (it can no longer be helped here), nor does one whose prompt
+    spills into a later step (it is planned again there). Found in the simulator's trace of the CPU
+    mixed-class workload (docs/journal.md#packing): a 126-token interactive prompt shared its step
+    with 155 tokens of prompts admitted behind it and got its first token 0.9 s after arrival
+    against a 0.67 s SLO; on the Azure code trace (long prompts) bounding the step took joint
+    attainment from 51% to 68% at GH200 10 req/s."""
+    costs = gp.costs
+    if costs.prefill_s_per_token <= 0:
+        return None
+    stretch = 1.0 + JITTER_Z * costs.step_cv
+    fixed = costs.decode_step_s + costs.prefill_base_s
+
+    def room(view: ReqView) -> float:
+        return ((view.arrival + view.ttft_slo - now) / stretch - fixed) / costs.prefill_s_per_token
+
+    limit = math.inf if cap is None else cap
+    if gp.emit_after_next_step:
+        for v in views:
+            if v.state is _RUNNING and v.last_token is None and (r := room(v)) >= 0:
+                limit = min(limit, max(MIN_PREFILL_CHUNK, math.floor(r)))
+    total = 0
+    for v in admitted:
+        total += v.prefill_tokens
+        if total > limit:
+            break
+        if v.last_token is None and (r := room(v)) >= total:
+            limit = min(limit, max(MIN_PREFILL_CHUNK, math.floor(r)))
+    if limit == math.inf or (cap is not None and limit >= cap):
+        return None
+    return int(limit)
 
 
 def cap_share(step_cv: float) -> float:

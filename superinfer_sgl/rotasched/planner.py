@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from superinfer_sgl.rotasched.goodput import GoodputParams, prefill_cap
+from superinfer_sgl.rotasched.goodput import GoodputParams, deadline_budget, prefill_cap
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
 from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
@@ -48,11 +48,16 @@ def blocks(tokens: float, block_tokens: int) -> int:
 def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
               params: VltParams, goodput: GoodputParams | None, chunked_active: bool) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus (goodput
-    mode) the prefill cap of this step."""
+    mode) the prefill cap of this step: the running requests' TBT cap (`prefill_cap`), lowered
+    where the step's first tokens need it (`deadline_budget`)."""
     cap = None if goodput is None else prefill_cap(list(views), goodput.costs)
     decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput, cap)
     if not chunked_active:
         decision = idle_resume(decision, views, now, params)
+    if goodput is not None:
+        by_rid = {v.rid: v for v in views}
+        budget = deadline_budget(list(views), [by_rid[rid] for rid in decision.admit], now, goodput, cap)
+        cap = cap if budget is None else budget
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
     return decision

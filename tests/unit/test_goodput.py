@@ -107,9 +107,10 @@ def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
     late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
     d = plan_step([late, fresh, tight], 10, 0, NOW, P, gp, False)
     assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
-    roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no cap
+    roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no TBT cap,
     d = plan_step([late, fresh, roomy], 10, 0, NOW, P, gp, False)
-    assert d.prefill_cap is None and d.admit == ("late",)
+    # only late's own deadline (0.6 s left: one step of at most ~520 tokens, deadline_budget)
+    assert d.prefill_cap in (519, 520) and d.admit == ("late",)
 
 
 def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line() -> None:
@@ -361,3 +362,68 @@ def test_cost_meter_measures_the_spread_of_steps_around_its_means() -> None:
     for i in range(2000):
         p.observe_prefill(100, (0.15 * (1.1 if i % 2 else 0.9)) - 0.05, decode_s=0.05)
     assert 0.07 < p.costs.step_cv < 0.13
+
+
+def _awaiting_first_token(rid: str, waited: float, ttft: float) -> ReqView:
+    """Running: its prefill ended last step, its first token not yet streamed."""
+    return ReqView(rid, RUN, NOW - waited, None, NOW - 0.05, ttft, 0.1, 0, 10, True, 0, 5, None)
+
+
+def test_deadline_budget_keeps_the_first_tokens_of_the_step_in_time() -> None:
+    from superinfer_sgl.rotasched.goodput import deadline_budget
+    from superinfer_sgl.rotasched.planner import plan_step
+
+    # 1 ms per token, 20 ms decode step: "tight" has 0.4 s left, room for 380 prompt tokens in
+    # one step; "loose" (10 s) admitted behind it would push the step to 500 tokens
+    tight = waiting("tight", 0.1, tokens=200, ttft=0.5, blocks=5)
+    loose = waiting("loose", 0.05, tokens=300, ttft=10.0, blocks=5)
+    assert deadline_budget([tight, loose], [tight, loose], NOW, GP, None) == 380
+    # the planner lowers the step's cap to it (memory covers both: FCFS admits both)
+    d = plan_step([tight, loose], 100, 0, NOW, P, GP, False)
+    assert d.admit == ("tight", "loose") and d.prefill_cap == 380
+    # a TBT cap already below it stands
+    assert deadline_budget([tight, loose], [tight, loose], NOW, GP, 256) is None
+    # loose first: tight's prompt ends at 500 tokens, past its room: it sets no limit here, only
+    # loose's own far deadline does
+    assert deadline_budget([tight, loose], [loose, tight], NOW, GP, None) == math.floor((9.95 - 0.02) / 1e-3)
+    # one that can no longer make it in this step sets no limit either
+    late = waiting("late", 0.45, tokens=200, ttft=0.5)
+    assert deadline_budget([late], [late], NOW, GP, None) is None
+    # a prompt that spills past the limit is planned again next step; the one ahead keeps its room
+    second = waiting("second", 0.0, tokens=250, ttft=0.5)
+    assert deadline_budget([tight, second], [tight, second], NOW, GP, None) == 380
+    # the steps' spread shrinks the room as it shrinks the TBT cap: 0.4 s / (1 + 1.28 x 0.5)
+    spread = GoodputParams(StepCosts(1e-3, 0.0, 0.02, 0.0, step_cv=0.5))
+    assert deadline_budget([tight], [tight], NOW, spread, None) == math.floor((0.4 / 1.64 - 0.02) / 1e-3)
+
+
+def test_deadline_budget_waits_for_first_tokens_streamed_after_the_next_step() -> None:
+    from superinfer_sgl.rotasched.goodput import deadline_budget
+
+    # prefilled last step, 0.2 s left: on a server that streams a step's tokens when the next step
+    # ends, this step may carry 180 prefill tokens; elsewhere its token is already out
+    first = _awaiting_first_token("first", 0.3, ttft=0.5)
+    lagged = GoodputParams(COSTS, emit_after_next_step=True)
+    assert deadline_budget([first], [], NOW, lagged, None) == 180
+    assert deadline_budget([first], [], NOW, GP, None) is None
+    # at least the floor, so prefills progress; none for a request already past its deadline
+    close = _awaiting_first_token("close", 0.47, ttft=0.5)
+    assert deadline_budget([close], [], NOW, lagged, None) == MIN_PREFILL_CHUNK
+    assert deadline_budget([_awaiting_first_token("gone", 0.6, ttft=0.5)], [], NOW, lagged, None) is None
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(_views, st.integers(0, 120), st.booleans(), st.sampled_from([1e-4, 1e-3, 1e-2]))
+def test_the_step_cap_only_ever_lowers_and_keeps_the_floor(views: list[ReqView], free: int, lagged: bool,
+                                                           per_token: float) -> None:
+    from superinfer_sgl.rotasched.goodput import prefill_cap
+    from superinfer_sgl.rotasched.planner import plan_step
+
+    gp = GoodputParams(StepCosts(per_token, 0.001, 0.02, 0.0, 0.2), emit_after_next_step=lagged)
+    tbt_cap = prefill_cap(views, gp.costs)
+    d = plan_step(views, free, 8, NOW, P, gp, False)
+    if d.prefill_cap is not None:
+        assert d.prefill_cap >= MIN_PREFILL_CHUNK
+        assert tbt_cap is None or d.prefill_cap <= tbt_cap
+    else:
+        assert tbt_cap is None

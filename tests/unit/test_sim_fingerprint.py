@@ -16,7 +16,8 @@ first) and the goodput policy's cases were added; re-pinned the same day when go
 its prefill cap, and again when goodput's step costs took a prefill's fixed time as beyond the
 decode step it rides with, and 2026-11-24 when the cap gained its margins (CAP_TBT_SHARE,
 SPARE_MISSES), and 2026-11-25 when best-effort requests became a longest-output-first queue and
-again when the simulator's goodput took its step costs from the server's cost meter by default
+again when the simulator's goodput took its step costs from the server's cost meter by default,
+and 2026-11-26 when goodput's step cap gained the TTFT deadline budget (`goodput.deadline_budget`)
 (only the goodput cases moved each time; the speed file, not re-pinned for `ttft_max_s` before,
 was re-pinned with it).
 Float results are bit-exact on one platform (x86-64 CPython 3.11 here), not across all.
@@ -46,7 +47,7 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "d4d8efc37cd9ab2d0a779d5c110a662c1c3810156bd498ae78f79994e72f5ec6",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "f8b62a18338a41a139c6abfc6c3f3ac03b83b02f96556952d6bdefd45ad3edfb",
     "gh200-qwen2.5-32b/goodput/15": "645f94eac4c7bc9032fd4b2a455e6ce01dd7ad9d29bd7dbdad3d81b7d052ab8d",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }

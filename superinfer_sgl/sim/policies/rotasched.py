@@ -73,15 +73,15 @@ class RotaSched(Policy):
         """The step costs the server measures: what its CostMeter makes of the simulated steps
         (`SimConfig.measured_costs`, the default); or the profile's, exact for the current batch
         (what a server would measure at best)."""
-        step = sim.profile.step
+        step, emit = sim.profile.step, sim.profile.server.emit_after_next_step
         if sim.config.measured_costs:
-            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s)
+            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s, emit)
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
         # decode already holds the step's fixed time (base_s): a prefill adds only its own
         costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s,
                           sim.config.step_jitter)
-        return GoodputParams(costs, sim.config.max_best_effort_wait_s)
+        return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit)
 
     def _measured(self, sim: SimState) -> StepCosts:
         """The server's meter, fed each simulated iteration once, as runtime._measure_last_step
