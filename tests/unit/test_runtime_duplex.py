@@ -483,3 +483,18 @@ def test_eager_sync_is_on_where_copies_overlap_compute(monkeypatch: pytest.Monke
     h.sched.server_args = SimpleNamespace(device="cuda")
     assert RotaSchedRuntime(h.sched, SuperInferConfig()).eager_sync is True
     assert RotaSchedRuntime(h.sched, SuperInferConfig(eager_sync=False)).eager_sync is False
+
+
+def test_first_tokens_stream_a_step_late_only_on_a_cpu_with_the_overlap_scheduler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU SGLang's overlap scheduler streams a step's tokens when the next step ends (its
+    launch is the forward): goodput's deadline budget then also protects running requests still
+    waiting for their first token. Not without the overlap scheduler, nor on a GPU."""
+    h = Harness(monkeypatch)
+    h.sched.enable_overlap = True
+    assert RotaSchedRuntime(h.sched, SuperInferConfig()).emit_late is True
+    h.sched.enable_overlap = False
+    assert RotaSchedRuntime(h.sched, SuperInferConfig()).emit_late is False
+    h.sched.enable_overlap = True
+    h.sched.server_args = SimpleNamespace(device="cuda")
+    assert RotaSchedRuntime(h.sched, SuperInferConfig()).emit_late is False
