@@ -156,8 +156,7 @@ def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
 def test_a_clock_starts_when_the_http_layer_received_the_request() -> None:
     import time
 
-    from superinfer_sgl.integration.http_slo import RECEIVED_KEY
-    from superinfer_sgl.integration.http_slo import MAX_INTAKE_S, intake_delay_s
+    from superinfer_sgl.integration.http_slo import MAX_INTAKE_S, RECEIVED_KEY, intake_delay_s
 
     rt = make_runtime()
     r = FakeReq("x")
