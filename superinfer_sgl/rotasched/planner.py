@@ -50,13 +50,14 @@ def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, no
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus (goodput
     mode) the prefill cap of this step: the running requests' TBT cap (`prefill_cap`), lowered
     where the step's first tokens need it (`deadline_budget`)."""
-    cap = None if goodput is None else prefill_cap(list(views), goodput.costs)
+    listed = list(views)
+    cap = None if goodput is None else prefill_cap(listed, goodput.costs)
     decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput, cap)
     if not chunked_active:
         decision = idle_resume(decision, views, now, params)
-    if goodput is not None:
-        by_rid = {v.rid: v for v in views}
-        budget = deadline_budget(list(views), [by_rid[rid] for rid in decision.admit], now, goodput, cap)
+    if goodput is not None and (decision.admit or goodput.emit_after_next_step):
+        by_rid = {v.rid: v for v in listed}
+        budget = deadline_budget(listed, [by_rid[rid] for rid in decision.admit], now, goodput, cap)
         cap = cap if budget is None else budget
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
