@@ -232,3 +232,27 @@ def test_measure_link_leaves_both_pools_as_they_were(transfer: str) -> None:
     assert all(torch.equal(bits(b), old) for b, old in zip(dev.k_buffers + dev.v_buffers, before))
     assert engine.host_pool.allocator.num_free == free
     assert engine.bytes_out == engine.bytes_in == engine.rotations_out == engine.rotations_in == 0
+
+
+def test_measure_link_keeps_a_first_use_compile_out_of_the_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton compiles a kernel per argument specialization on first use: a copy of a new size may
+    take seconds once. The probe must time steady-state copies, not that compile."""
+    import time
+
+    from superinfer_sgl.duplexkv.link_probe import measure_link
+
+    engine = make_engine("torch", blocks=16, rows=64)
+    compile_s, seen = 0.3, set()
+    save = engine.save
+
+    def save_compiling_per_size(slots: torch.Tensor):  # type: ignore[no-untyped-def]
+        if len(slots) not in seen:
+            seen.add(len(slots))
+            time.sleep(compile_s)
+        return save(slots)
+
+    monkeypatch.setattr(engine, "save", save_compiling_per_size)
+    speed = measure_link(engine)
+    (size,) = seen  # one size: warm-up and timed round trips alike
+    probe_bytes = size // engine.host_pool.block_tokens * engine.host_pool.bytes_per_block
+    assert probe_bytes / speed < compile_s / 3, "the compile was timed"
