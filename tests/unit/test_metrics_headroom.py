@@ -88,3 +88,28 @@ def test_a_broken_runtime_does_not_break_update(caplog) -> None:  # type: ignore
     assert reg.get_sample_value("superinfer_rotation_budget_blocks") == 8.0
     assert sum("headroom gauges not updated" in r.message for r in caplog.records) == 1
 
+
+
+def test_headroom_refreshes_at_most_every_interval_but_at_once_when_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from superinfer_sgl.integration import metrics as metrics_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: clock[0])
+    reg = CollectorRegistry()
+    m = RotaSchedMetrics(registry=reg)
+    rt = _rt(clock[0])
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == 2.0
+    rt.sched.waiting_queue.pop()  # one left waiting: within the interval the gauge keeps its value
+    clock[0] += metrics_mod.HEADROOM_INTERVAL_S / 2
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == 2.0
+    clock[0] += metrics_mod.HEADROOM_INTERVAL_S
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == 1.0
+    rt.sched.waiting_queue.clear()  # queues empty: refreshed at once, idle reads 0
+    rt.rotary.clear()
+    clock[0] += 0.001
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == 0.0
+    assert _v(reg, "superinfer_queue_vlt_max_seconds") == 0.0
