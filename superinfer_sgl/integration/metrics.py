@@ -22,9 +22,10 @@ from ..rotasched.headroom import AttainmentWindow, headroom
 
 # The headroom gauges rebuild a view of every queued request: per step that cost ~0.7% of a CPU
 # server's scheduler time under a 100-request backlog (py-spy, 2026-11-26), for gauges scraped seconds
-# apart. So they are refreshed at most this often, and at once whenever the queues are empty (idle
-# reads 0 right away).
+# apart. So while more than HEADROOM_EVERY_STEP requests queue they are refreshed at most every
+# HEADROOM_INTERVAL_S; with fewer (cheap, and where bursts come and go between scrapes) every step.
 HEADROOM_INTERVAL_S = 0.25
+HEADROOM_EVERY_STEP = 32
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class RotaSchedMetrics:
             rank + ["slo_class", "slo"], multiprocess_mode="livemax")
         self.window = AttainmentWindow() if window is None else AttainmentWindow(window)
         self._headroom_failed = False
-        self._headroom_at = float("-inf")
+        self._backlog_at = float("-inf")  # when the gauges last refreshed under a backlog
         for g in (self.vlt_max, self.waiting, self.lost_running):
             g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
         for state in ("waiting", "rotary"):
@@ -141,9 +142,12 @@ class RotaSchedMetrics:
 
     def _update_headroom(self, rt: Any) -> None:
         now = time.monotonic()
-        if now - self._headroom_at < HEADROOM_INTERVAL_S and (rt.sched.waiting_queue or rt.rotary):
-            return
-        self._headroom_at = now
+        if len(rt.sched.waiting_queue) + len(rt.rotary) > HEADROOM_EVERY_STEP:
+            if now - self._backlog_at < HEADROOM_INTERVAL_S:
+                return
+            self._backlog_at = now
+        else:
+            self._backlog_at = float("-inf")  # a backlog that forms later shows at once
         gp = GoodputParams(rt.meter.costs, rt.cfg.max_best_effort_wait_ms / 1000.0)
         h = headroom(queue_views(rt, now), now, rt.params, gp)
         self.vlt_max.labels(self.rank).set(h.vlt_max_s)

@@ -29,14 +29,17 @@ def test_headroom_gauges_under_load_and_idle(rota_server: Server) -> None:
     params = {"custom_params": {"slo_class": "batch", "ttft_slo_ms": 1}}
     seen_vlt, seen_risk, seen_waiting = 0.0, 0.0, 0.0
     with cf.ThreadPoolExecutor(12) as pool:
-        futs = [pool.submit(generate, rota_server, f"Story number {i}: once upon a time", 48,
+        # ~90-token prompts through 64-token chunks: requests stay queued for tens of steps, so the
+        # polls below see the queue (with 10-token prompts it drained between two polls).
+        story = "once upon a time, in a land far away, there lived a curious fox; " * 6
+        futs = [pool.submit(generate, rota_server, f"Story number {i}: {story}", 48,
                             sampling_params=params) for i in range(12)]
         while not all(f.done() for f in futs):
             m = rota_server.metrics()
             seen_vlt = max(seen_vlt, _gauge(m, "superinfer_queue_vlt_max_seconds"))
             seen_risk = max(seen_risk, _gauge(m, "superinfer_requests_at_risk"))
             seen_waiting = max(seen_waiting, _gauge(m, "superinfer_waiting_requests"))
-            time.sleep(0.2)
+            time.sleep(0.1)
         results = [f.result() for f in futs]
     assert all(r["meta_info"]["superinfer"]["superinfer_ttft_slo_met"] is False for r in results)
     assert seen_waiting > 0 and seen_vlt > 0 and seen_risk > 0, (seen_waiting, seen_vlt, seen_risk)

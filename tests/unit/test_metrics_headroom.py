@@ -90,7 +90,9 @@ def test_a_broken_runtime_does_not_break_update(caplog) -> None:  # type: ignore
 
 
 
-def test_headroom_refreshes_at_most_every_interval_but_at_once_when_idle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_headroom_under_a_backlog_refreshes_at_most_every_interval(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fakes import FakeReq
+
     from superinfer_sgl.integration import metrics as metrics_mod
 
     clock = [1000.0]
@@ -98,16 +100,28 @@ def test_headroom_refreshes_at_most_every_interval_but_at_once_when_idle(monkeyp
     reg = CollectorRegistry()
     m = RotaSchedMetrics(registry=reg)
     rt = _rt(clock[0])
-    m.update(rt)
+    m.update(rt)  # a short queue: every step
     assert _v(reg, "superinfer_waiting_requests") == 2.0
-    rt.sched.waiting_queue.pop()  # one left waiting: within the interval the gauge keeps its value
-    clock[0] += metrics_mod.HEADROOM_INTERVAL_S / 2
-    m.update(rt)
-    assert _v(reg, "superinfer_waiting_requests") == 2.0
-    clock[0] += metrics_mod.HEADROOM_INTERVAL_S
+    rt.sched.waiting_queue.pop()
+    clock[0] += 0.001
     m.update(rt)
     assert _v(reg, "superinfer_waiting_requests") == 1.0
-    rt.sched.waiting_queue.clear()  # queues empty: refreshed at once, idle reads 0
+    n = metrics_mod.HEADROOM_EVERY_STEP + 1
+    extra = [FakeReq(f"q{i}", output_ids=[]) for i in range(n)]
+    for req in extra:
+        rt.clocks[req.rid] = ReqClock(req.rid, clock[0], Slo(1000.0, 50.0))
+    rt.sched.waiting_queue.extend(extra)  # a backlog forms: shown at once
+    clock[0] += 0.001
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == n + 1
+    rt.sched.waiting_queue.pop()  # within the interval the gauges keep their values
+    clock[0] += metrics_mod.HEADROOM_INTERVAL_S / 2
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == n + 1
+    clock[0] += metrics_mod.HEADROOM_INTERVAL_S
+    m.update(rt)
+    assert _v(reg, "superinfer_waiting_requests") == n
+    rt.sched.waiting_queue.clear()  # the backlog drains: refreshed at once, idle reads 0
     rt.rotary.clear()
     clock[0] += 0.001
     m.update(rt)
