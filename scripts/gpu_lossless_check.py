@@ -1,9 +1,9 @@
 """Rotation on a GPU server: our launcher inside SGLang on CUDA, forced rotations, bytes and tokens checked.
 
 Runs on the lent GPU machine (scripts/gpu_server_check.sh calls it). Two servers side by side on the
-same random-weight model (--load-format dummy; bfloat16 on CUDA, float32 on CPU): SGLang's stock scheduling (the control) and
-RotaSched with a rotation forced every few iterations, eager copies on and the KV byte check
-(SUPERINFER_VERIFY_ROTATION=1). Each gets the e2e suite's prompts alone, then all at once.
+same random-weight model (--load-format dummy; bfloat16 on CUDA, float32 on CPU): SGLang's stock
+scheduling (the control) and RotaSched with a rotation forced every few iterations, eager copies on
+and the KV byte check (SUPERINFER_VERIFY_ROTATION=1). Each gets the e2e suite's prompts alone, then all at once.
 
 What it shows: the byte check is the lossless proof (KV bytes hashed at rotate-out equal the bytes
 the request reads after resuming; `changed` must be 0). Token equality with the request served
