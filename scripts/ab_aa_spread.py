@@ -4,8 +4,8 @@ Per run (one rate of one repeat): the twin's attainment minus stock's, in points
 group of ab.json files, how many runs, their RMS and largest |difference|: the noise a single run
 of the harness carries in that mode (e.g. interleaved vs --paired).
 
-    python scripts/ab_aa_spread.py --label interleaved OLD1/ab.json OLD2/ab.json \
-        --label paired results/ab_cpu_paired_sharegpt/ab.json
+    python scripts/ab_aa_spread.py --label interleaved results/ab_cpu_interleaved_aa/ab.json \
+        --label paired results/ab_cpu_paired_aa/ab.json
 """
 
 from __future__ import annotations

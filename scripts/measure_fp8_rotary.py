@@ -118,8 +118,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--rotate-interval", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=4,
-                    help="requests in flight at once (32 at once with a forced rotation every 2 "
-                         "iterations barely progressed in 15 min on the loaded 2-core VM)")
+                    help="requests in flight at once (many more, with frequent forced rotations, make "
+                         "little progress on a 2-core CPU)")
     ap.add_argument("--port", type=int, default=32180, help="the fp8 server uses port + 1")
     ap.add_argument("--out", type=Path, default=ROOT / "results/fp8_rotary/smollm2_cpu.json")
     args = ap.parse_args()

@@ -3,7 +3,7 @@
 Both GPU profiles; ShareGPT-like lengths (two seeds) and both Azure LLM inference traces (Azure
 LLM inference trace 2023, Azure Public Dataset, CC-BY 4.0; Patel et al., Splitwise, ISCA 2024);
 rates from underload to about twice capacity; SGLang mixed chunk on for every policy (our server
-runs with it; stock with it is the stronger stock, docs/sim.md). Writes sweep.json, table.md and
+runs with it; stock with it is the stronger stock, results/sim_whatif.md). Writes sweep.json, table.md and
 attainment.png into --out.
 
     python scripts/sim_goodput_sweep.py --jobs 2 --out results/sim_goodput

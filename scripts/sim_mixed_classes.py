@@ -83,9 +83,11 @@ def run(cfg: dict, profile, system: str, policy: str, seed: int, rate: float, ji
 
 def measured_spread(ab: Path, base) -> float:
     """Our server's step spread over the whole A/B (its step log), around the step model refit to
-    it; 0 when the A/B has no step log."""
+    it. Step logs stay on the machine that ran the A/B (results/README.md): without one, say so and
+    use 0 (pass the spread with --step-jitter to reproduce a documented run)."""
     log = ab.parent / "logs" / "superinfer.steps.jsonl"
     if not log.exists():
+        print(f"warning: no step log at {log}: step jitter 0 (pass --step-jitter)", file=sys.stderr)
         return 0.0
     steps = steplog.read_steps(log)
     found = steplog.refit(base.step, steps)

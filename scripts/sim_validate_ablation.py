@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Which parts of the replay make it match a measured CPU A/B: the validation run once per model
-variant, on A/B folders whose servers logged their steps (scripts/ab_bench.py since 2026-11-23).
+variant, on A/B folders whose servers logged their steps (logs/<system>.steps.jsonl beside ab.json).
 
 Variants, each adding to the previous one:
-  profile      the CPU profile as measured, no one-step result lag (the model before 2026-11-23)
+  profile      the CPU profile as measured, no one-step result lag
   scale        + two speed factors per point from its step log
   lag          + the overlap scheduler's one-step result lag (profile server.emit_after_next_step)
   refit        + the step model's slopes refit to the point's steps
