@@ -4,11 +4,13 @@
   paper     the paper's scenario on GH200 and H100 profiles: sweeps, plots, claim table
   whatif    LVF knobs (budget, alpha, beta_tbt, mixed chunk, lookahead, direct resume) at one point
   --validate AB_JSON   replay the A/B harness's workload and compare with its measurements
+  capacity  SLO capacity per policy: the highest rate at which --target of requests meet both SLOs
   speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
 
 Examples:
   python -m superinfer_sgl.sim run --profile gh200-qwen2.5-32b --rate 15 --policy sglang --policy lvf-duplex
   python -m superinfer_sgl.sim run --profile h100-pcie5-qwen2.5-32b --workload azure:conv --rate 4
+  python -m superinfer_sgl.sim capacity --profile gh200-qwen2.5-32b --policy sglang --policy goodput --jobs 2
   python -m superinfer_sgl.sim paper --jobs 2
   python -m superinfer_sgl.sim --validate results/ab_cpu.json
 """
@@ -20,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from superinfer_sgl.sim import capacity
 from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
@@ -49,33 +52,20 @@ def _parser() -> argparse.ArgumentParser:
                     help="--validate: simulate an A/B system with this policy (e.g. superinfer=lvf-duplex)")
     sub = ap.add_subparsers(dest="cmd")
     run = sub.add_parser("run", help="simulate one workload")
-    run.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
-    run.add_argument("--policy", action="append", choices=sorted(POLICIES), help="repeatable; default: all")
-    run.add_argument("--workload", default="sharegpt-like",
-                     help="sharegpt-like | azure:conv | azure:code | a ShareGPT .json / .csv / .jsonl trace")
+    _workload_options(run)
     run.add_argument("--rate", type=float, default=10.0, help="req/s (Azure: rescale; 0 = as recorded)")
-    run.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--ttft-slo-ms", type=float, help="override every request's TTFT SLO")
-    run.add_argument("--tbt-slo-ms", type=float, help="override every request's TBT SLO")
-    run.add_argument("--budget-blocks", type=int, default=2400, help="B_xfer (LVF rotation budget)")
-    run.add_argument("--kv-tokens", type=int, help="override the profile's device KV pool")
-    run.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
-    run.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
-    run.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
-    run.add_argument("--min-stint-s", type=float, default=None,
-                     help="LVF may not rotate out a request running for less than this (default: 0, the "
-                          "paper's rule, for the lvf-* policies; the server's default for goodput and paper)")
-    run.add_argument("--max-best-effort-wait-s", type=float, default=SimConfig.max_best_effort_wait_s,
-                     help="goodput policy: starvation bound (the server's --max-best-effort-wait-ms)")
-    run.add_argument("--step-jitter", type=float, default=0.0,
-                     help="spread of single steps (coefficient of variation; the CPU server's: ~0.15)")
-    run.add_argument("--profile-costs", action="store_true",
-                     help="goodput policy: the profile's exact step costs instead of what the server's "
-                          "CostMeter learns from the simulated steps (the default, as the server does)")
-    run.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
-    run.add_argument("--jobs", type=int, default=1, help="worker processes")
     run.add_argument("--json", type=Path, help="write all summaries here")
+    cap = sub.add_parser("capacity", help="SLO capacity per policy (rate search)",
+                         description=capacity.__doc__.split("\n\n")[0])
+    _workload_options(cap)
+    cap.add_argument("--target", type=float, default=0.9, help="share of requests meeting both SLOs")
+    cap.add_argument("--lo", type=float, default=0.5, help="lowest rate of the grid (req/s)")
+    cap.add_argument("--hi", type=float, default=64.0, help="highest rate of the grid (req/s)")
+    cap.add_argument("--growth", type=float, default=1.25, help="ratio between grid rates")
+    cap.add_argument("--resolution", type=float, default=0.02,
+                   help="bisect the crossing until its bracket is this fraction of the rate")
+    cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
+    cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
     paper.add_argument("--jobs", type=int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
@@ -91,14 +81,57 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _run(a: argparse.Namespace) -> None:
-    jobs = [Job(a.profile, pol, a.workload, a.rate, a.duration, a.seed,
-                None if a.ttft_slo_ms is None else a.ttft_slo_ms / 1000.0,
-                None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
-                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
-                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
-                measured_costs=not a.profile_costs)
+def _workload_options(p: argparse.ArgumentParser) -> None:
+    """What `run` and `capacity` share: the workload, the profile, the policies and their knobs."""
+    p.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
+    p.add_argument("--policy", action="append", choices=sorted(POLICIES), help="repeatable; default: all")
+    p.add_argument("--workload", default="sharegpt-like",
+                   help="sharegpt-like | azure:conv | azure:code | a ShareGPT .json / .csv / .jsonl trace")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttft-slo-ms", type=float, help="override every request's TTFT SLO")
+    p.add_argument("--tbt-slo-ms", type=float, help="override every request's TBT SLO")
+    p.add_argument("--budget-blocks", type=int, default=2400, help="B_xfer (LVF rotation budget)")
+    p.add_argument("--kv-tokens", type=int, help="override the profile's device KV pool")
+    p.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
+    p.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
+    p.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
+    p.add_argument("--min-stint-s", type=float, default=None,
+                   help="LVF may not rotate out a request running for less than this (default: 0, the "
+                          "paper's rule, for the lvf-* policies; the server's default for goodput and paper)")
+    p.add_argument("--max-best-effort-wait-s", type=float, default=SimConfig.max_best_effort_wait_s,
+                   help="goodput policy: starvation bound (the server's --max-best-effort-wait-ms)")
+    p.add_argument("--step-jitter", type=float, default=0.0,
+                   help="spread of single steps (coefficient of variation; the CPU server's: ~0.15)")
+    p.add_argument("--profile-costs", action="store_true",
+                   help="goodput policy: the profile's exact step costs instead of what the server's "
+                          "CostMeter learns from the simulated steps (the default, as the server does)")
+    p.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+
+
+def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
+    return Job(a.profile, policy, a.workload, rate, a.duration, a.seed,
+               None if a.ttft_slo_ms is None else a.ttft_slo_ms / 1000.0,
+               None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
+               a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
+               a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
+               measured_costs=not a.profile_costs)
+
+
+def _capacity(a: argparse.Namespace) -> None:
+    grid = capacity.CapacityGrid(a.target, a.lo, a.hi, a.growth, a.resolution)
+    rows = [capacity.policy_capacity(_job(a, pol, grid.lo), grid, a.seeds, a.jobs)
             for pol in (a.policy or list(POLICIES))]
+    print(f"profile: {a.profile}; workload: {a.workload}; {a.duration:g} s of arrivals, {a.seeds} seed(s) from "
+          f"{a.seed}; first crossing of {100 * a.target:g}% joint attainment, resolution {100 * a.resolution:g}%")
+    print(capacity.capacity_table(rows, baseline=rows[0]["policy"]))
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def _run(a: argparse.Namespace) -> None:
+    jobs = [_job(a, pol, a.rate) for pol in (a.policy or list(POLICIES))]
     results = run_jobs(jobs, a.jobs, progress=False)
     print(f"workload: {results[0]['workload']}; profile: {results[0]['profile']}")
     print(f"{'metric':22s}" + "".join(f"{r['policy']:>26s}" for r in results))
@@ -149,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if report["all_pass"] else 1
     if a.cmd == "run":
         _run(a)
+    elif a.cmd == "capacity":
+        _capacity(a)
     elif a.cmd == "paper":
         from superinfer_sgl.sim import paper
 

@@ -1,0 +1,141 @@
+"""SLO capacity: the highest request rate at which at least `target` of requests meet both their TTFT
+and TBT SLOs (DistServe's goodput framing), found per policy by a grid scan and then bisection.
+
+Attainment curves are not monotone: a stock scheduler past its knee can fall to 51% at one rate
+and climb back to 92% at the next (arrival bursts and queue collapse, not capacity). Capacity here
+is the *first crossing*: the highest rate r such that every scanned rate up to r meets the target.
+Grid rates above the first failure that pass again are reported (`passes_above`), never counted:
+an operator provisioning at such a rate would sit one burst away from the cliff below it.
+
+The search itself is pure (`find_capacity` takes any rate -> attainment function, batched so a
+caller can measure several rates at once); `policy_capacity` measures with the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from superinfer_sgl.sim.runner import Job, run_jobs
+
+# measure(rates) -> attainment at each rate (share of requests meeting both SLOs, 0..1)
+Measure = Callable[[Sequence[float]], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class CapacityGrid:
+    """Where to look: a geometric grid from `lo` to `hi` (ratio `growth`), then bisection of the
+    first crossing's bracket until it is narrower than `resolution` (a fraction of the rate)."""
+
+    target: float = 0.9
+    lo: float = 0.5
+    hi: float = 64.0
+    growth: float = 1.25
+    resolution: float = 0.02
+    stop_after: int = 2  # consecutive failing grid rates after which higher rates are not scanned
+
+    def __post_init__(self) -> None:
+        assert 0.0 < self.target <= 1.0, self.target
+        assert 0.0 < self.lo < self.hi and self.growth > 1.0 and 0.0 < self.resolution < 1.0
+        assert self.stop_after >= 1
+
+    def rates(self) -> list[float]:
+        n = int(math.floor(math.log(self.hi / self.lo) / math.log(self.growth) + 1e-9))
+        out = [self.lo * self.growth ** i for i in range(n + 1)]
+        if out[-1] < self.hi * (1 - 1e-9):
+            out.append(self.hi)
+        return [round(r, 6) for r in out]
+
+
+@dataclass
+class Capacity:
+    """One policy's answer. `capacity_req_s` is None when even the lowest rate misses the target;
+    `censored` says the true capacity lies outside the grid ("below" lo or "above" hi)."""
+
+    capacity_req_s: float | None
+    bracket: tuple[float | None, float | None]  # (highest passing, lowest failing) of the crossing
+    censored: str | None
+    points: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment), by rate
+    passes_above: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capacity:
+    """Scan the grid upward `batch` rates at a time until `stop_after` consecutive rates fail, then
+    narrow the first crossing's bracket with `batch` evenly spaced rates per round."""
+    seen: dict[float, float] = {}
+
+    def run(rates: Sequence[float]) -> None:
+        todo = [r for r in rates if r not in seen]
+        if todo:
+            seen.update(zip(todo, (float(a) for a in measure(todo))))
+
+    rates = grid.rates()
+    fails_in_row = 0
+    for i in range(0, len(rates), batch):
+        run(rates[i:i + batch])
+        for r in rates[i:i + batch]:
+            fails_in_row = 0 if seen[r] >= grid.target else fails_in_row + 1
+        if fails_in_row >= grid.stop_after:
+            break
+    scanned = sorted(seen)
+    first_fail = next((r for r in scanned if seen[r] < grid.target), None)
+    if first_fail is None:
+        return Capacity(scanned[-1], (scanned[-1], None), "above", _points(seen))
+    if first_fail == scanned[0]:
+        return Capacity(None, (None, first_fail), "below", _points(seen))
+    passed = max(r for r in scanned if r < first_fail)
+    above = [r for r in scanned if r > first_fail and seen[r] >= grid.target]
+    while (first_fail - passed) > grid.resolution * passed:
+        step = (first_fail - passed) / (batch + 1)
+        probe = [round(passed + step * (k + 1), 6) for k in range(batch)]
+        run(probe)
+        for r in probe:  # the lowest failing probe bounds the crossing from above
+            if seen[r] < grid.target:
+                first_fail = r
+                break
+            passed = r
+    return Capacity(passed, (passed, first_fail), None, _points(seen), above)
+
+
+def _points(seen: dict[float, float]) -> list[tuple[float, float]]:
+    return [(r, seen[r]) for r in sorted(seen)]
+
+
+def policy_capacity(template: Job, grid: CapacityGrid, seeds: int = 1, processes: int = 1) -> dict:
+    """`template`'s policy and workload at each rate the search asks for, over `seeds` workload
+    seeds (template.seed onward); a rate's attainment pools every seed's requests."""
+
+    def measure(rates: Sequence[float]) -> list[float]:
+        jobs = [replace(template, rate=r, seed=template.seed + s) for r in rates for s in range(seeds)]
+        res = run_jobs(jobs, processes, progress=False)
+        out = []
+        for i in range(len(rates)):
+            chunk = res[i * seeds:(i + 1) * seeds]
+            met = sum(r["both_attainment"] * r["requests"] for r in chunk)
+            out.append(met / max(1, sum(r["requests"] for r in chunk)))
+        return out
+
+    cap = find_capacity(measure, grid, batch=max(1, processes // seeds))
+    return {"policy": template.policy, "capacity_req_s": cap.capacity_req_s, "target": grid.target,
+            "resolution": grid.resolution, "seeds": seeds, **cap.as_dict()}
+
+
+def capacity_table(rows: list[dict], baseline: str = "sglang") -> str:
+    """Markdown: capacity per policy and its ratio to the baseline policy's."""
+    base = next((r["capacity_req_s"] for r in rows if r["policy"] == baseline), None)
+    lines = [f"| policy | capacity at {100 * rows[0]['target']:.0f}% (req/s) | vs {baseline} | bracket |",
+             "|---|---|---|---|"]
+    for r in rows:
+        cap = r["capacity_req_s"]
+        cell = "below grid" if cap is None else f"{cap:.2f}" + (" (grid max)" if r["censored"] == "above" else "")
+        ratio = f"{cap / base:.2f}x" if cap and base else "-"
+        lo, hi = r["bracket"]
+        lines.append(f"| {r['policy']} | {cell} | {ratio} | {lo} .. {hi} |")
+    return "\n".join(lines)
+
+
+__all__ = ["Capacity", "CapacityGrid", "capacity_table", "find_capacity", "policy_capacity"]
