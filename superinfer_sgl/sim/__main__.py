@@ -5,12 +5,15 @@
   whatif    LVF knobs (budget, alpha, beta_tbt, mixed chunk, lookahead, direct resume) at one point
   --validate AB_JSON   replay the A/B harness's workload and compare with its measurements
   capacity  SLO capacity per policy: the highest rate at which --target of requests meet both SLOs
+  plan      replicas a mix of SLO classes needs per policy; one shared cluster vs one per class
   speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
 
 Examples:
   python -m superinfer_sgl.sim run --profile gh200-qwen2.5-32b --rate 15 --policy sglang --policy lvf-duplex
   python -m superinfer_sgl.sim run --profile h100-pcie5-qwen2.5-32b --workload azure:conv --rate 4
   python -m superinfer_sgl.sim capacity --profile gh200-qwen2.5-32b --policy sglang --policy goodput --jobs 2
+  python -m superinfer_sgl.sim plan --profile h100-pcie5-qwen2.5-32b --class chat:rate=20,ttft_ms=1000,tbt_ms=50 \
+      --class batch:rate=10,ttft_ms=30000,tbt_ms=500 --policy goodput --policy sglang --policy sglang-priority
   python -m superinfer_sgl.sim paper --jobs 2
   python -m superinfer_sgl.sim --validate results/ab_cpu.json
 """
@@ -22,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from superinfer_sgl.sim import capacity
+from superinfer_sgl.sim import capacity, plan
 from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
@@ -66,6 +69,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="bisect the crossing until its bracket is this fraction of the rate")
     cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
     cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
+    pl = sub.add_parser("plan", help="replicas per policy for a mix of SLO classes",
+                        description=plan.__doc__.split("\n\n")[0])
+    pl.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
+    pl.add_argument("--class", dest="classes", action="append", required=True, type=plan.MixClass.parse,
+                    metavar="NAME:rate=R,ttft_ms=T,tbt_ms=B[,weight=W]", help="repeatable: one SLO class and its rate")
+    pl.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                    help="repeatable; default: goodput, sglang, sglang-priority")
+    pl.add_argument("--target", type=float, default=0.9, help="share of each class's requests meeting both SLOs")
+    pl.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per simulated rate")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate")
+    pl.add_argument("--resolution", type=float, default=0.02)
+    pl.add_argument("--jobs", type=int, default=1, help="worker processes")
+    pl.add_argument("--json", type=Path, help="write one row per policy")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
     paper.add_argument("--jobs", type=int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
@@ -130,6 +147,18 @@ def _capacity(a: argparse.Namespace) -> None:
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
+def _plan(a: argparse.Namespace) -> None:
+    spec = plan.PlanSpec(a.profile, tuple(a.classes), a.duration, a.seed, a.seeds)
+    grid = capacity.CapacityGrid(a.target, resolution=a.resolution)
+    rows = plan.plan(spec, a.policy or ["goodput", "sglang", "sglang-priority"], grid, a.jobs)
+    print(f"profile: {a.profile}; {sum(c.rate for c in a.classes):g} req/s: "
+          + ", ".join(f"{c.name} {c.rate:g} req/s at {1000 * c.ttft_s:g} ms / {1000 * c.tbt_s:g} ms" for c in a.classes)
+          + f"; every class at {100 * a.target:g}% joint attainment")
+    print(plan.plan_table(rows))
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def _run(a: argparse.Namespace) -> None:
     jobs = [_job(a, pol, a.rate) for pol in (a.policy or list(POLICIES))]
     results = run_jobs(jobs, a.jobs, progress=False)
@@ -184,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         _run(a)
     elif a.cmd == "capacity":
         _capacity(a)
+    elif a.cmd == "plan":
+        _plan(a)
     elif a.cmd == "paper":
         from superinfer_sgl.sim import paper
 

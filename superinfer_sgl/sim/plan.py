@@ -1,0 +1,151 @@
+"""Capacity planning: how many replicas a workload of SLO classes needs, per scheduling policy.
+
+A replica's capacity for a mix is the highest total rate at which *every* class still has at least
+`target` of its requests meeting both SLOs (sim/capacity.py's first crossing). A load balancer that
+spreads a Poisson stream over N replicas gives each a Poisson stream of rate R/N with the same mix,
+so R needs ceil(R / capacity) replicas. The consolidation question (one shared cluster for chat and
+batch, or one cluster per class) compares ceil(R / capacity(mix)) with the sum over classes of
+ceil(R_class / capacity(class alone)).
+
+Requests: Poisson arrivals, each request's class drawn by the classes' shares of the rate,
+ShareGPT-like lengths (sim/workload.py). For SGLang's priority scheduling a class's priority
+follows its TTFT SLO (tighter: higher), as the A/B harness sends it; the goodput policy uses each
+class's weight.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from superinfer_sgl.sim.capacity import CapacityGrid, find_capacity
+from superinfer_sgl.sim.engine import Simulator
+from superinfer_sgl.sim.metrics import request_outcomes
+from superinfer_sgl.sim.policies import make_policy
+from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.runner import Job
+from superinfer_sgl.sim.workload import SHAREGPT_LIKE, RequestSpec, Workload, poisson_arrivals
+
+PRIORITY_STEP = 10  # SGLang preempts only for a priority at least this much higher (its default threshold)
+
+
+@dataclass(frozen=True)
+class MixClass:
+    """One SLO class of the workload and its arrival rate (req/s) in the whole cluster."""
+
+    name: str
+    rate: float
+    ttft_s: float
+    tbt_s: float
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        assert self.name and self.rate > 0 and self.ttft_s > 0 and self.tbt_s > 0 and self.weight > 0, self
+
+    @classmethod
+    def parse(cls, text: str) -> MixClass:
+        """`chat:rate=20,ttft_ms=1000,tbt_ms=50[,weight=2]`."""
+        name, _, rest = text.partition(":")
+        fields = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+        known = {"rate", "ttft_ms", "tbt_ms", "weight"}
+        if not name or set(fields) - known or not {"rate", "ttft_ms", "tbt_ms"} <= set(fields):
+            raise ValueError(f"class {text!r}: expected NAME:rate=R,ttft_ms=T,tbt_ms=B[,weight=W]")
+        return cls(name, float(fields["rate"]), float(fields["ttft_ms"]) / 1000.0, float(fields["tbt_ms"]) / 1000.0,
+                   float(fields.get("weight", 1.0)))
+
+
+def mix_workload(classes: Sequence[MixClass], rate: float, duration: float, seed: int) -> tuple[Workload, dict[str, str]]:
+    """`rate` req/s in all, classes drawn by their share of the rate; rid -> class name."""
+    rng = random.Random(seed)
+    total = sum(c.rate for c in classes)
+    by_ttft = sorted({c.ttft_s for c in classes}, reverse=True)
+    specs, names = [], {}
+    for i, t in enumerate(poisson_arrivals(rate, duration, rng)):
+        c = rng.choices(classes, weights=[k.rate / total for k in classes])[0]
+        p, o = SHAREGPT_LIKE.sample(rng)
+        rid = f"m{i}"
+        specs.append(RequestSpec(rid, t, p, o, c.ttft_s, c.tbt_s, PRIORITY_STEP * by_ttft.index(c.ttft_s),
+                                 weight=c.weight))
+        names[rid] = c.name
+    return Workload(tuple(specs), f"mix of {', '.join(c.name for c in classes)} (seed {seed}, {rate:g} req/s)"), names
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    profile: str
+    classes: tuple[MixClass, ...]
+    duration: float = 120.0
+    seed: int = 0
+    seeds: int = 1
+
+    def worst_class_attainment(self, policy: str, classes: tuple[MixClass, ...], rate: float) -> float:
+        """The lowest joint attainment of any class at `rate`, pooled over the seeds."""
+        profile = resolve_profile(self.profile)
+        config = Job(self.profile, policy, mixed_chunk=True).config()
+        met: dict[str, list[int]] = {c.name: [0, 0] for c in classes}
+        for s in range(self.seed, self.seed + self.seeds):
+            wl, names = mix_workload(classes, rate, self.duration, s)
+            sim = Simulator(wl, profile, make_policy(policy), config).run()
+            for row in request_outcomes(sim):
+                m = met[names[str(row["rid"])]]
+                m[0] += bool(row["ttft_met"] and row["tbt_met"])
+                m[1] += 1
+        return min((a / n if n else 1.0) for a, n in met.values())
+
+
+def _attainment(args: tuple[PlanSpec, str, tuple[MixClass, ...], float]) -> float:
+    spec, policy, classes, rate = args
+    return spec.worst_class_attainment(policy, classes, rate)
+
+
+def replica_capacity(spec: PlanSpec, policy: str, classes: tuple[MixClass, ...], grid: CapacityGrid,
+                     processes: int = 1) -> float | None:
+    """Highest total rate one replica serves with every class at the target (None: below the grid)."""
+    def measure(rates: Sequence[float]) -> list[float]:
+        args = [(spec, policy, classes, r) for r in rates]
+        if processes <= 1 or len(args) == 1:
+            return [_attainment(a) for a in args]
+        with ProcessPoolExecutor(min(processes, len(args))) as pool:
+            return list(pool.map(_attainment, args))
+
+    return find_capacity(measure, grid, batch=processes).capacity_req_s
+
+
+def replicas(rate: float, capacity: float | None) -> float:
+    return math.inf if not capacity else float(math.ceil(rate / capacity - 1e-9))
+
+
+def plan(spec: PlanSpec, policies: Sequence[str], grid: CapacityGrid, processes: int = 1) -> list[dict]:
+    """Per policy: the mix's capacity per replica and replicas for the shared cluster; each class's
+    capacity alone and replicas for separate clusters."""
+    total = sum(c.rate for c in spec.classes)
+    rows = []
+    for pol in policies:
+        shared_cap = replica_capacity(spec, pol, spec.classes, grid, processes)
+        alone = {}
+        if len(spec.classes) > 1:
+            alone = {c.name: replica_capacity(spec, pol, (c,), grid, processes) for c in spec.classes}
+        separate = sum(replicas(c.rate, alone[c.name]) for c in spec.classes) if alone else None
+        rows.append({"policy": pol, "rate_req_s": total, "target": grid.target,
+                     "capacity_per_replica_req_s": shared_cap, "replicas_shared": replicas(total, shared_cap),
+                     "capacity_alone_req_s": alone, "replicas_separate": separate})
+    return rows
+
+
+def plan_table(rows: list[dict]) -> str:
+    def n(x: float | None) -> str:
+        return "-" if x is None else ("> grid" if math.isinf(x) else f"{x:.0f}")
+
+    lines = ["| policy | capacity per replica (req/s) | replicas, shared | replicas, one cluster per class |",
+             "|---|---|---|---|"]
+    for r in rows:
+        cap = r["capacity_per_replica_req_s"]
+        lines.append(f"| {r['policy']} | {'below grid' if cap is None else f'{cap:.2f}'} | "
+                     f"{n(r['replicas_shared'])} | {n(r['replicas_separate'])} |")
+    return "\n".join(lines)
+
+
+__all__ = ["MixClass", "PlanSpec", "mix_workload", "plan", "plan_table", "replica_capacity", "replicas"]
