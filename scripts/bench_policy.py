@@ -12,17 +12,16 @@ import json
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
-from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, lvf_decide  # noqa: E402
-from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts  # noqa: E402
+from superinfer_sgl.rotasched import PAPER, LvfPolicy, ReqState, ReqView, VltParams, lvf_decide
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
+from superinfer_sgl.rotasched.planner import POLICIES
 
-# goodput mode's step costs: a 32B-class model on a GPU (0.1 ms per prefill token, 30 ms decode)
+# the goodput policy's step costs: a 32B-class model on a GPU (0.1 ms per prefill token, 30 ms decode)
 GOODPUT = GoodputParams(StepCosts(1e-4, 0.002, 0.03, 0.001))
 
 NOW = 1000.0
@@ -52,15 +51,15 @@ def make_views(n: int, seed: int) -> list[ReqView]:
 
 
 def bench(views: list[ReqView], free: int, budget: int, iters: int,
-          goodput: GoodputParams | None = None) -> list[float]:
+          policy: LvfPolicy = PAPER) -> list[float]:
     """Microseconds per lvf_decide call; the clock advances 10 ms per call like a real loop."""
     params = VltParams()
     for i in range(10):  # warm-up
-        lvf_decide(views, free, budget, NOW + i * 0.01, params, goodput)
+        lvf_decide(views, free, budget, NOW + i * 0.01, params, policy)
     times = []
     for i in range(iters):
         t0 = time.perf_counter_ns()
-        lvf_decide(views, free, budget, NOW + i * 0.01, params, goodput)
+        lvf_decide(views, free, budget, NOW + i * 0.01, params, policy)
         times.append((time.perf_counter_ns() - t0) / 1000.0)
     return times
 
@@ -76,14 +75,14 @@ def main() -> None:
     ap.add_argument("--free-blocks", type=int, default=2000, help="free device blocks")
     ap.add_argument("--budget-blocks", type=int, default=2400, help="rotation budget (paper: 2400)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", choices=("paper", "goodput"), default="paper")
+    ap.add_argument("--policy", choices=POLICIES.names(), default="paper")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "bench_policy.json")
     args = ap.parse_args()
 
     views = make_views(args.n, args.seed)
-    goodput = GOODPUT if args.policy == "goodput" else None
-    d = lvf_decide(views, args.free_blocks, args.budget_blocks, NOW, VltParams(), goodput)
-    times = sorted(bench(views, args.free_blocks, args.budget_blocks, args.iters, goodput))
+    policy = POLICIES[args.policy].for_step(lambda: GOODPUT)
+    d = lvf_decide(views, args.free_blocks, args.budget_blocks, NOW, VltParams(), policy)
+    times = sorted(bench(views, args.free_blocks, args.budget_blocks, args.iters, policy))
     result = {
         "policy": args.policy,
         "n": args.n,

@@ -44,7 +44,6 @@ import numpy as np
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 VOCAB_SAFE = (1000, 40000)  # token ids to draw prompts from (inside SmolLM2's 49152 vocabulary)
 

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION  # noqa: E402
+from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
 PROFILES = {"gh200-qwen2.5-32b": (2.5, 5.0, 10.0, 15.0, 20.0),
             "h100-pcie5-qwen2.5-32b": (1.0, 2.5, 5.0, 7.5, 10.0)}

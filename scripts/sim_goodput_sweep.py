@@ -25,10 +25,9 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from superinfer_sgl.sim.runner import Job, run_jobs  # noqa: E402
-from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION  # noqa: E402
+from superinfer_sgl.sim.runner import Job, run_jobs
+from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
 PROFILES = {"gh200-qwen2.5-32b": (2.5, 5.0, 10.0, 15.0, 20.0),
             "h100-pcie5-qwen2.5-32b": (1.0, 2.5, 5.0, 7.5, 10.0)}

@@ -22,21 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from superinfer_sgl.bench.profiles import PROFILES  # noqa: E402
-from superinfer_sgl.bench.prompts import priority_by_ttft  # noqa: E402
-from superinfer_sgl.bench.workloads import (  # noqa: E402
+from superinfer_sgl.bench.profiles import PROFILES
+from superinfer_sgl.bench.prompts import priority_by_ttft
+from superinfer_sgl.bench.workloads import (
     assign_classes, parse_mix, poisson_arrivals, sharegpt_like,
 )
-from superinfer_sgl.rotasched.slo import Slo, SloClasses  # noqa: E402
-from superinfer_sgl.sim import steplog  # noqa: E402
-from superinfer_sgl.sim.engine import Simulator  # noqa: E402
-from superinfer_sgl.sim.metrics import request_outcomes  # noqa: E402
-from superinfer_sgl.sim.policies import make_policy  # noqa: E402
-from superinfer_sgl.sim.profile import resolve_profile  # noqa: E402
-from superinfer_sgl.sim.validate import DEFAULT_PROFILE, scaled, speed_scales, system_config  # noqa: E402
-from superinfer_sgl.sim.workload import RequestSpec, Workload  # noqa: E402
+from superinfer_sgl.rotasched.slo import Slo, SloClasses
+from superinfer_sgl.sim import steplog
+from superinfer_sgl.sim.engine import Simulator
+from superinfer_sgl.sim.metrics import request_outcomes
+from superinfer_sgl.sim.policies import make_policy
+from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.validate import DEFAULT_PROFILE, scaled, speed_scales, system_config
+from superinfer_sgl.sim.workload import RequestSpec, Workload
 
 AB = Path("results/ab_cpu_paired_mixed/ab.json")
 # name -> (the A/B server whose launch flags it runs with, simulator policy)

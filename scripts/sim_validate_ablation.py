@@ -23,10 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from superinfer_sgl.sim.profile import resolve_profile  # noqa: E402
-from superinfer_sgl.sim.validate import DEFAULT_PROFILE, validate  # noqa: E402
+from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.validate import DEFAULT_PROFILE, validate
 
 # name -> (one-step result lag, --rescale, what the step log gives)
 VARIANTS = {

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
-from .rotasched.goodput import POLICIES as _GOODPUT_POLICIES
+from .rotasched.planner import POLICIES as _POLICY_REGISTRY
 from .rotasched.slo import DEFAULT_SLO
 from .rotasched.vlt import VltParams
 
@@ -33,7 +33,7 @@ TEST_KNOB_ENV = {
     "verify_rotation": "SUPERINFER_VERIFY_ROTATION",
 }
 SCHEDULERS = ("rotasched", "sglang")
-POLICIES = _GOODPUT_POLICIES
+POLICIES = _POLICY_REGISTRY.names()
 KV_TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
 # Host rotary block dtype: auto = the device KV dtype (bits copied exactly, the default); fp8_e4m3 =
 # quantized blocks with per-block, per-head scales (duplexkv/quant.py; lossy, opt-in).
@@ -41,10 +41,8 @@ ROTARY_KV_DTYPES = ("auto", "fp8_e4m3")
 ROTARY_KV_DTYPE_HELP = (
     "dtype of rotated-out KV in host memory. auto (default): the device KV dtype, copied bit-exactly; "
     "fp8_e4m3: quantized per block and KV head on the way out, dequantized on the way back: half the "
-    "host bytes of bf16 (a quarter of float32), LOSSY: measured against bit-exact rotation on SmolLM2-135M "
-    "float32, CPU, forced rotations (2026-11-24, docs/duplexkv.md): 9 of 16 greedy outputs of 32 tokens "
-    "and 4 of 12 of 48 tokens identical (78%% / 71%% of tokens agree), mean |logprob drift| 0.022 / 0.028 "
-    "before the first divergence (batching noise: 1e-6). Not with an fp8 --kv-cache-dtype, "
+    "host bytes of bf16 (a quarter of float32), LOSSY: a rotated request's greedy output may diverge "
+    "from bit-exact rotation (its measured effect: docs/duplexkv.md). Not with an fp8 --kv-cache-dtype, "
     "SUPERINFER_VERIFY_ROTATION=1 or --kv-transfer naive")
 
 
@@ -56,9 +54,10 @@ class ConfigError(ValueError):
 class SuperInferConfig:
     scheduler: str = "rotasched"
     # goodput: serve first the requests that can still meet both SLOs (rotasched/goodput.py);
-    # paper: the paper's Largest-VLT-First as published (plus the rotation quantum).
+    # paper: the paper's Largest-VLT-First as published (plus the rotation quantum). The choices
+    # are rotasched.planner.POLICIES.
     policy: str = "goodput"
-    # Goodput mode's starvation bound: a best-effort request that has waited this long is first
+    # The goodput policy's starvation bound: a best-effort request that has waited this long is first
     # in line for memory.
     max_best_effort_wait_ms: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S * 1000.0
     ttft_slo_ms: float = DEFAULT_SLO.ttft_ms
@@ -75,11 +74,14 @@ class SuperInferConfig:
     vlt_beta_tbt: float = _VLT.beta_tbt
     # Rotation quantum: LVF may rotate a running request out only after it has run this long in
     # its current stint. The paper's rule (0) round-robins every request under sustained overload:
-    # each rotation costs the server work (58 ms on our CPU server, docs/sim.md), and every paused
-    # request misses TBT. None (auto): 5 s with --policy paper (best joint attainment in the
-    # simulator on GH200 and on the CPU A/B); with goodput, 20 measured rotation costs
-    # (rotasched.goodput.quantum_s).
+    # each rotation costs the server work, and every paused request misses TBT. None (auto): the
+    # policy's default (rotasched.planner.quantum_s): 5 s with --policy paper, 20 measured
+    # rotation costs with goodput.
     min_stint_ms: float | None = None
+    # The decode reserve a running fixed-length (ignore_eos) request keeps, as a share of its
+    # remaining outputs (rotasched.planner.running_reserve_ratio; SGLang keeps all of them, 1).
+    # None (auto): the policy's (0.4 with goodput, 1 with paper); 1 whenever rotation is off.
+    running_reserve: float | None = None
     # None (auto): what the KV link, as measured at startup, moves in one measured decode step,
     # at most an eighth of the device KV pool (rotasched.planner.rotation_budget).
     rotation_budget_blocks: int | None = None
@@ -89,8 +91,7 @@ class SuperInferConfig:
     rotary_kv_dtype: str = "auto"
     # None (auto): on where KV copies run beside compute (a CUDA device: a side stream), off on
     # CPU, where every eager copy is synchronous and sits on the step's critical path for all
-    # running requests (2.2% of the scheduler's time under sustained overload, py-spy) while only
-    # the few rotated requests ever use it.
+    # running requests while only the few rotated requests ever use it.
     eager_sync: bool | None = None
     prefetch: bool = True
     mixed_resume: bool = True
@@ -121,6 +122,9 @@ class SuperInferConfig:
             if value is None:
                 continue
             _require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
+        if self.running_reserve is not None:
+            _require(math.isfinite(self.running_reserve) and 0 < self.running_reserve <= 1, "running_reserve",
+                     "must be in (0, 1]")
         if self.rotation_budget_blocks is not None:
             _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
@@ -232,6 +236,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "this long in its current stint (0: the paper's rule, any running request; "
                         "auto, the default: 5000 with --policy paper, 20 measured rotation costs "
                         "with goodput)")
+    g.add_argument("--running-reserve", type=_or_auto(float), default=d.running_reserve, metavar="{SHARE,auto}",
+                   help="decode memory a running fixed-length (ignore_eos) request keeps back, as a share "
+                        "of its remaining outputs (SGLang: 1, all of them); below 1 more requests share "
+                        "the device KV pool and LVF rotates one out to host memory when it runs short "
+                        "(auto, the default: 0.4 with goodput, 1 with paper; 1 whenever rotation is off)")
     g.add_argument("--rotation-budget-blocks", type=_or_auto(int), default=d.rotation_budget_blocks,
                    metavar="{N,auto}",
                    help="B_xfer: rotation blocks moved per iteration in each direction (auto, the "

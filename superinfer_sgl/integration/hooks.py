@@ -6,11 +6,13 @@ from typing import Any, Callable, Iterator
 
 from ..config import SuperInferConfig
 from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
-from . import http_slo, input_guard
+from ..rotasched.slo import check_slo_keys
+from . import http_guard, http_slo, input_guard
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
 TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+ADDER_RUNNING_RESERVE = "sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset"
 META_KEY = "superinfer"
 
 # The scheduler process hosts exactly one Scheduler; its runtime is reachable from hooks that
@@ -25,11 +27,11 @@ def runtime() -> Any:
 def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]]:
     from sglang.srt.plugins.hook_registry import HookType
 
-    from .runtime import RotaSchedRuntime
+    from .startup import create_runtime
 
     def attach(result: None, sched: Any, *args: Any, **kwargs: Any) -> None:
         global _RUNTIME
-        _RUNTIME = sched._superinfer = RotaSchedRuntime(sched, cfg)
+        _RUNTIME = sched._superinfer = create_runtime(sched, cfg)
 
     def around_prefill(original: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
         return sched._superinfer.around_prefill(original, sched, running_batch)
@@ -51,14 +53,31 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
     yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
     yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", count_retractions, HookType.AFTER
+    # A running fixed-length request's decode reserve in SGLang's admission budget: the same rule
+    # as our views (views.running_reserve, --running-reserve), so both count the same free memory.
+    yield ADDER_RUNNING_RESERVE, _running_offset, HookType.AROUND
     yield STREAMER, _streamer_class(), HookType.REPLACE
     yield "sglang.srt.sampling.sampling_params.SamplingParams.verify", _slo_verify(cfg), HookType.AFTER
     yield f"{TOKENIZER}.update_request_meta_info", _unwrap_meta, HookType.AROUND
     # The ecosystem's SLO conventions (service_tier, priority, x-smg-priority, x-slo-*-ms) into
     # custom_params, where the HTTP request is still at hand (http_slo.py, docs/slo.md).
     yield f"{TOKENIZER}.generate_request", http_slo.around_generate(cfg), HookType.AROUND
-    # Empty prompts and out-of-vocabulary token ids crash SGLang's scheduler: 400 instead.
+    # Empty prompts, out-of-vocabulary token ids and unloadable custom logit processors crash
+    # SGLang's scheduler: 400 instead.
     yield f"{TOKENIZER}._validate_one_request", input_guard.before_validate, HookType.BEFORE
+    # OpenAI bodies that are not JSON objects (500 in SGLang) and OpenAI's logprobs caps, which
+    # SGLang does not enforce: 400 (http_guard.py).
+    for target, hook, kind in http_guard.hooks():
+        yield target, hook, HookType[kind]
+
+
+def _running_offset(original: Callable[..., Any], adder: Any, req: Any) -> Any:
+    rt = _RUNTIME
+    if rt is None or rt.running_share == 1.0 or not req.sampling_params.ignore_eos:
+        return original(adder, req)  # SGLang's own estimate
+    from .views import running_reserve
+
+    return running_reserve(rt.sched, req, rt.running_share)
 
 
 def _streamer_class() -> type:
@@ -73,7 +92,7 @@ def _streamer_class() -> type:
             rt = _RUNTIME
             values: list[list[dict[str, object]]] = []
             for req in reqs:
-                info = rt.on_finished(req) if rt is not None and req.finished() else None
+                info = _on_finished(rt, req) if rt is not None and req.finished() else None
                 values.append([info] if info is not None else [])
             return {META_KEY: values}
 
@@ -81,6 +100,17 @@ def _streamer_class() -> type:
             return key == META_KEY or super().is_request_level_customized_info_key(key)
 
     return SuperInferOutputStreamer
+
+
+def _on_finished(rt: Any, req: Any) -> Any:
+    """rt.on_finished(req), counted in the SLO series unless SGLang sent the request itself (a
+    health probe, the startup warm-up: metrics.metered)."""
+    from .metrics import metered
+
+    if rt.metrics is None or metered(req):
+        return rt.on_finished(req)
+    with rt.metrics.unmetered():
+        return rt.on_finished(req)
 
 
 def _unwrap_meta(original: Callable[..., Any], self: Any, meta_info: dict, *args: Any, **kwargs: Any) -> Any:
@@ -102,7 +132,9 @@ def _slo_verify(cfg: SuperInferConfig) -> Callable[..., None]:
     classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=default)
 
     def verify(result: None, params: Any, *args: Any, **kwargs: Any) -> None:
+        input_guard.check_sampling_params(params)  # a top_k past int32 ended the scheduler
         try:
+            check_slo_keys(params.custom_params)  # a misspelt SLO key: 400, not the default SLO
             resolve_slo(params.custom_params, default, classes)
         except SloError as exc:
             raise ValueError(f"invalid custom_params.{exc.field}: {exc}") from None

@@ -15,6 +15,14 @@ The same wrapper stamps when the server received the request (`RECEIVED_KEY`, wa
 replacing anything a client sent under that key): the scheduler sees a request only after it was
 parsed, templated, tokenized and sent over, and only between two iterations, 50-300 ms later on
 our CPU server. A TTFT clock started there gave the policy that much slack the client never had.
+
+It also marks the requests no client sent (`UNMETERED_KEY`, replacing anything a client sent
+under it), which our SLO counters must not count (integration.metrics.metered): SGLang's health
+probes (`GET /health`, `/health_generate`: a one-token request whose rid starts with
+HEALTH_CHECK) and its startup warm-up (a plain `/generate` the server posts to itself while the
+tokenizer manager's status is still Starting; an HTTP request arriving in that window, before the
+server says it is ready, is taken for warm-up too). Calls of the Engine API (no HTTP request)
+are never marked: their tokenizer manager stays Starting for good.
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ def around_generate(cfg: SuperInferConfig) -> Callable[..., AsyncIterator[Any]]:
     async def generate(original: Callable[..., AsyncIterator[Any]], self: Any, obj: Any,
                        *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         if isinstance(obj, GenerateReqInput):  # embedding requests have no SLO
-            stamp_received(obj, received_unix(getattr(obj, "received_time", None)))
-            await fold_request(conv, obj, args[0] if args else kwargs.get("request"))
+            request = args[0] if args else kwargs.get("request")
+            stamp_received(obj, received_unix(getattr(obj, "received_time", None)),
+                           unmetered=unmetered_reason(self, obj, request))
+            await fold_request(conv, obj, request)
         async with contextlib.aclosing(original(self, obj, *args, **kwargs)) as responses:
             async for response in responses:
                 yield response
@@ -73,6 +83,22 @@ async def fold_request(conv: SloConventions, obj: Any, request: Any) -> None:
 
 
 RECEIVED_KEY = "superinfer_received_unix"
+UNMETERED_KEY = "superinfer_unmetered"
+HEALTH_CHECK = "health_check"
+WARMUP = "warmup"
+
+
+def unmetered_reason(manager: Any, obj: Any, request: Any) -> str | None:
+    """HEALTH_CHECK or WARMUP for the requests SGLang sends itself (module doc), else None."""
+    from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+
+    rid = getattr(obj, "rid", None)
+    if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_RID_PREFIX):
+        return HEALTH_CHECK
+    status = getattr(getattr(manager, "server_status", None), "value", None)
+    if request is not None and status == "Starting":
+        return WARMUP
+    return None
 
 
 def received_unix(received_perf: float | None) -> float:
@@ -85,10 +111,11 @@ def received_unix(received_perf: float | None) -> float:
     return now - max(0.0, time.perf_counter() - received_perf)
 
 
-def stamp_received(obj: Any, when_unix: float) -> None:
+def stamp_received(obj: Any, when_unix: float, unmetered: str | None = None) -> None:
     """Put `when_unix` into every sampling-params dict of `obj` under custom_params[RECEIVED_KEY]
-    (the scheduler's RotaSched clock starts there). Values SGLang will reject anyway (params or
-    custom_params that are not objects) are left for its validation to name."""
+    (the scheduler's RotaSched clock starts there), and `unmetered` under UNMETERED_KEY (None:
+    the key is removed). Values SGLang will reject anyway (params or custom_params that are not
+    objects) are left for its validation to name."""
 
     def stamp(params: Any) -> Any:
         if params is not None and not isinstance(params, dict):
@@ -96,7 +123,12 @@ def stamp_received(obj: Any, when_unix: float) -> None:
         custom = (params or {}).get("custom_params")
         if custom is not None and not isinstance(custom, dict):
             return params
-        return {**(params or {}), "custom_params": {**(custom or {}), RECEIVED_KEY: when_unix}}
+        custom = {**(custom or {}), RECEIVED_KEY: when_unix}
+        if unmetered is None:
+            custom.pop(UNMETERED_KEY, None)
+        else:
+            custom[UNMETERED_KEY] = unmetered
+        return {**(params or {}), "custom_params": custom}
 
     if isinstance(obj.sampling_params, list):
         obj.sampling_params = [stamp(p) for p in obj.sampling_params]

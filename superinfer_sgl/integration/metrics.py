@@ -8,13 +8,18 @@ The headroom gauges (queue VLT, requests at risk, recent attainment: rotasched/h
 what a router or autoscaler reads; each carries a `dp_rank` label, so data-parallel ranks (one
 scheduler process each) stay apart. Their multiprocess mode is livemax: one process writes each
 label set (TP ranks of one DP rank would write the same value).
+
+The SLO outcome series count client requests only: SGLang's health probes and its startup
+warm-up are requests too, and a probe every 10 s would add ~8,600 "met" requests a day
+(`metered`: the rid SGLang gives a probe, or the mark integration.http_slo puts on both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ..rotasched import ReqState
 from ..rotasched.goodput import GoodputParams
@@ -39,6 +44,20 @@ def _dp_rank() -> str:
     except Exception:  # an older/newer SGLang without the context: one rank
         rank = None
     return str(rank or 0)
+
+
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants (health_generate's rids)
+UNMETERED_KEY = "superinfer_unmetered"  # integration.http_slo.UNMETERED_KEY
+
+
+def metered(req: Any) -> bool:
+    """Whether a finished request counts in the SLO series: not a health probe (its rid), not
+    marked by the HTTP layer as one or as the startup warm-up (its custom_params)."""
+    rid = getattr(req, "rid", None)
+    if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_RID_PREFIX):
+        return False
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return not (isinstance(custom, dict) and custom.get(UNMETERED_KEY))
 
 
 class RotaSchedMetrics:
@@ -105,6 +124,7 @@ class RotaSchedMetrics:
             rank + ["slo_class", "slo"], multiprocess_mode="livemax")
         self.window = AttainmentWindow() if window is None else AttainmentWindow(window)
         self._headroom_failed = False
+        self._paused = False  # inside unmetered(): finished() counts nothing
         self._backlog_at = float("-inf")  # when the gauges last refreshed under a backlog
         for g in (self.vlt_max, self.waiting, self.lost_running):
             g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
@@ -156,7 +176,18 @@ class RotaSchedMetrics:
         self.at_risk.labels(self.rank, "rotary").set(h.at_risk_rotary)
         self.lost_running.labels(self.rank).set(h.lost_running)
 
+    @contextlib.contextmanager
+    def unmetered(self) -> Iterator[None]:
+        """Requests finished inside this block count in no SLO series (see `metered`)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
     def finished(self, slo_class: str | None, ttft_met: bool | None, tbt_met: bool | None) -> None:
+        if self._paused:
+            return
         cls = slo_class or "default"
         joint = None if ttft_met is None or tbt_met is None else ttft_met and tbt_met
         for slo, met in (("ttft", ttft_met), ("tbt", tbt_met), ("joint", joint)):
@@ -185,7 +216,6 @@ def queue_views(rt: Any, now: float) -> list[Any]:
     """Views of the runtime's waiting, rotary and running requests, read-only, built the way the
     scheduler builds its own (integration/views.py; block counts left at 0: headroom does not read
     them). Requests without a clock yet (arrived after this step's observation) are skipped."""
-    from . import rotation
     from . import views as req_views
 
     out = []
@@ -198,8 +228,7 @@ def queue_views(rt: Any, now: float) -> list[Any]:
         clk = rt.clocks.get(req.rid)
         if clk is None:
             continue
-        resident = rotation.restorable_tokens(req) if req.rid in rt.resume_locks else 0
-        compute = len(req.origin_input_ids) + len(req.output_ids) - resident
+        compute = req_views.extend_tokens(req, req.rid in rt.resume_locks)  # the one rule (views.py)
         out.append(req_views.view(clk, req, ReqState.WAITING, 0, 0, True, compute))
     for rid, entry in rt.rotary.items():
         clk = rt.clocks.get(rid)

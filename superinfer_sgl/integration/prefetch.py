@@ -1,32 +1,38 @@
 """DuplexKV prefetch in the server: the next resume's KV on its way one iteration early.
 
-After a step's rotations, the rotary request LVF ranks highest among those still rotary starts
-copying back into device memory nobody this step needs (never evicting), within what is left of
-the step's inbound rotation budget. If LVF resumes it next iteration the copy is already done; if
-not, the slots are given back.
+After a step's rotations, the rotary request the policy ranks highest among those still rotary
+starts copying back into device memory nobody this step needs (never evicting), within what is
+left of the step's inbound rotation budget. If LVF resumes it next iteration the copy is already
+done; if not, the slots are given back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Container, Sequence
+from typing import Any
 
-from ..rotasched import ReqState, ReqView, vlt
+from ..duplexkv.engine import RotationEngine
+from ..rotasched import ReqView
 from . import rotation
-from .views import reserve
-
-if TYPE_CHECKING:
-    from .runtime import RotaSchedRuntime
+from .views import running_reserve, waiting_need
 
 # Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
 PREFETCH_MAX_REQUESTS = 1
 
 
 class Prefetcher:
-    """The prefetches in flight (`prefetched`: rotary rid -> its slots and copy), for one runtime
-    whose rotary set, budget and iteration count it reads."""
+    """The prefetches in flight (`prefetched`: rotary rid -> its slots and copy).
 
-    def __init__(self, rt: RotaSchedRuntime) -> None:
-        self.rt = rt
+    Its collaborators are the runtime's: SGLang's scheduler (allocator, tree), the rotation engine
+    (None: rotation is off, nothing is prefetched), the rotary requests (read only), the counters,
+    and the TP broadcast (rank 0's choice wins)."""
+
+    def __init__(self, sched: Any, engine: RotationEngine | None, rotary: dict[str, rotation.RotaryEntry],
+                 stats: rotation.RotationStats, broadcast: Callable[[object], object],
+                 hold_rotary: int = 0, running_share: float = 1.0) -> None:
+        self.sched, self.engine, self.rotary, self.stats = sched, engine, rotary, stats
+        self.broadcast, self.hold_rotary = broadcast, hold_rotary
+        self.running_share = running_share  # views.running_reserve
         self.prefetched: dict[str, rotation.Prefetched] = {}
 
     def tokens(self) -> int:
@@ -37,14 +43,16 @@ class Prefetcher:
         """The prefetch of a request that resumes now (its slots become the resume's)."""
         return self.prefetched.pop(rid, None)
 
-    def start(self, views: list[ReqView], running_batch: Any, queue: list[Any], now: float) -> None:
-        rt = self.rt
-        if rt.engine is None:
+    def start(self, ranked: Sequence[ReqView], queue: list[Any], restored: Container[str],
+              running_batch: Any, budget: int, iteration: int) -> None:
+        """`ranked`: the step's rotary views in the policy's order (`lvf.rank_order`); `queue`: the
+        requests offered for admission this step, `restored` the rids among them whose KV is back;
+        `budget`: inbound rotation blocks left this step."""
+        if self.engine is None:
             return
-        room = self._room(running_batch, queue)
-        budget = rt.budget - rt.inbound_blocks
-        page = rt.sched.token_to_kv_pool_allocator.page_size
-        for entry in self._candidates(views, now):
+        room = self._room(running_batch, queue, restored)
+        page = self.sched.token_to_kv_pool_allocator.page_size
+        for entry in self._candidates(ranked, iteration):
             if len(self.prefetched) >= PREFETCH_MAX_REQUESTS:
                 return
             inc = rotation.incoming(entry, page)
@@ -52,43 +60,38 @@ class Prefetcher:
             if n == 0 or n > room or blocks > budget:
                 continue
             entry.prefetch_tried = True
-            p = rotation.prefetch(rt.sched, rt.engine, inc)
+            p = rotation.prefetch(self.sched, self.engine, inc)
             if p is None:
                 continue
             self.prefetched[entry.req.rid] = p
-            rt.stats.prefetches += 1
+            self.stats.prefetches += 1
             room -= n
             budget -= blocks
 
-    def _candidates(self, views: list[ReqView], now: float) -> list[rotation.RotaryEntry]:
+    def _candidates(self, ranked: Sequence[ReqView], iteration: int) -> list[rotation.RotaryEntry]:
         """Requests still rotary after this step (LVF did not resume them, or they found no memory,
         or the hold knob kept them), eligible to resume next iteration, not rotated out this very
-        step and not prefetched before in this stint (a miss is not chased): largest VLT first,
-        then arrival, then rid (LVF's own order)."""
-        rt = self.rt
+        step and not prefetched before in this stint (a miss is not chased), in `ranked`'s order."""
 
         def eligible(rid: str) -> bool:
-            e = rt.rotary.get(rid)
+            e = self.rotary.get(rid)
             return (e is not None and rid not in self.prefetched
-                    and not e.prefetch_tried and e.paused_iter < rt.iteration
-                    and rt.iteration + 1 - e.paused_iter >= rt.hold_rotary)
+                    and not e.prefetch_tried and e.paused_iter < iteration
+                    and iteration + 1 - e.paused_iter >= self.hold_rotary)
 
-        ranked = sorted((-vlt(v, now, rt.params), v.arrival, v.rid) for v in views
-                        if v.state == ReqState.ROTARY and eligible(v.rid))
-        rids = [rid for _, _, rid in ranked]
-        if len(rids) > 1:  # VLT reads each rank's clock: TP ranks adopt rank 0's order (same set)
-            rids = list(rt.broadcast(rids))
-        return [rt.rotary[rid] for rid in rids]
+        rids = [v.rid for v in ranked if eligible(v.rid)]
+        if len(rids) > 1:  # the order reads each rank's clock: TP ranks adopt rank 0's (same set)
+            rids = list(self.broadcast(rids))  # type: ignore[call-overload]
+        return [self.rotary[rid] for rid in rids]
 
-    def _room(self, running_batch: Any, queue: list[Any]) -> int:
+    def _room(self, running_batch: Any, queue: list[Any], restored: Container[str]) -> int:
         """Free device tokens left once this step's commitments are met: the decode reserve of the
         running batch, and the whole need of the requests offered for admission (resumed ones need
         one token plus their reserve)."""
-        sched = self.rt.sched
-        committed = sum(reserve(sched, r) for r in running_batch.reqs if not r.finished())
+        sched = self.sched
+        committed = sum(running_reserve(sched, r, self.running_share) for r in running_batch.reqs if not r.finished())
         for req in queue:
-            resident = rotation.restorable_tokens(req) if req.rid in self.rt.resume_locks else 0
-            committed += len(req.origin_input_ids) + len(req.output_ids) - resident + reserve(sched, req)
+            committed += waiting_need(sched, req, req.rid in restored)
         return int(sched.token_to_kv_pool_allocator.available_size() - committed)
 
     def cancel_except(self, keep: set[str]) -> None:
@@ -97,6 +100,6 @@ class Prefetcher:
             self.drop(rid)
 
     def drop(self, rid: str) -> None:
-        assert self.rt.engine is not None
-        rotation.cancel_prefetch(self.rt.sched, self.rt.engine, self.prefetched.pop(rid))
-        self.rt.stats.prefetch_cancelled += 1
+        assert self.engine is not None
+        rotation.cancel_prefetch(self.sched, self.engine, self.prefetched.pop(rid))
+        self.stats.prefetch_cancelled += 1

@@ -4,6 +4,9 @@ One RotaSchedRuntime lives on each scheduler (rank). Once per iteration, just be
 its prefill batch, it observes every request's progress, asks the pure policy (rotasched.lvf) who
 should run, rotates running requests out to host memory, brings rotary requests back through the
 radix tree, and hands SGLang's PrefillAdder only the requests LVF admitted, in LVF's order.
+
+Its constructor does no I/O: `startup.create_runtime` opens the engine, metrics and TP broadcast
+and hands them in.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from typing import Any, Callable
 
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
-from ..duplexkv.host_pool import HostKVPool
-from ..duplexkv.link_probe import measure_link
 from ..rotasched import (
     DEFAULT_CLASSES,
     Decision,
@@ -30,28 +31,34 @@ from ..rotasched import (
 )
 from ..rotasched import planner
 from ..rotasched.costs import CostMeter
-from ..rotasched.goodput import GoodputParams, StepCosts, quantum_s
+from ..rotasched.goodput import GoodputParams, StepCosts
 from ..rotasched.clock import ReqClock
+from ..rotasched.lvf import rank_order
+from ..rotasched.policy import LvfPolicy
 from . import rotation
 from .rotation import RotationStats
 from . import views as req_views
 from .http_slo import intake_delay_s
-from .kv_adapter import UnsupportedKVPool, device_pool_view
 from .prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HOST_RAM_FRACTION = 0.25
-# What one rotation cost our CPU server before any is measured (step.per_resume_s of
-# profiles/cpu-smollm2-135m.json, docs/perf.md); on a GPU a rotation's extra time starts at 0.
+# What one rotation costs a CPU server before any is measured (the CPU profile's
+# step.per_resume_s, profiles/cpu-smollm2-135m.json); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
 
 
 class RotaSchedRuntime:
-    def __init__(self, sched: Any, cfg: SuperInferConfig) -> None:
+    def __init__(self, sched: Any, cfg: SuperInferConfig, *, engine: RotationEngine | None = None,
+                 metrics: Any = None, broadcast: Callable[[object], object] | None = None,
+                 link_bytes_per_s: float | None = None, disabled_reason: str | None = None) -> None:
+        """`engine`: None runs SGLang's own scheduling (rotation off, `disabled_reason` why);
+        `broadcast`: rank 0's object to every TP rank (None: one rank); `link_bytes_per_s`: the KV
+        link's measured speed, for the auto rotation budget."""
         self.sched, self.cfg = sched, cfg
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
+        self.policy_class = planner.POLICIES[cfg.policy]  # --policy; an object per step (_step_policy)
         on_cpu = str(getattr(getattr(sched, "server_args", None), "device", "cpu")) == "cpu"
         self.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, CPU_ROTATION_S_PRIOR if on_cpu else 0.0))
         self.emit_late = on_cpu and bool(getattr(sched, "enable_overlap", False))  # docs/sim.md: result lag
@@ -61,11 +68,10 @@ class RotaSchedRuntime:
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.bt = cfg.rotary_block_tokens
         self.pool_tokens = getattr(sched, "max_total_num_tokens", 0)
-        self.link_bytes_per_s: float | None = None  # measured at startup (_init_engine)
+        self.link_bytes_per_s = link_bytes_per_s
         self.budget = planner.rotation_budget(cfg.rotation_budget_blocks, self.pool_tokens, self.bt)
         self.clocks: dict[str, ReqClock] = {}
         self.rotary: dict[str, rotation.RotaryEntry] = {}
-        self.prefetcher = Prefetcher(self)  # rotary requests whose KV is coming back early
         self.inbound_blocks = 0  # host blocks copied in by this step's resumes
         self.resume_locks: dict[str, Any] = {}
         self.stats = RotationStats()
@@ -76,64 +82,22 @@ class RotaSchedRuntime:
         self.hold_rotary = cfg.test_hold_rotary_iters
         self.verify = cfg.verify_rotation
         self.digests: dict[str, tuple[int, str]] = {}
-        self.broadcast = self._broadcaster()
+        self.broadcast: Callable[[object], object] = broadcast or (lambda obj: obj)
         self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self.broadcast)
-        self.engine: RotationEngine | None = None
-        self.disabled_reason: str | None = None
-        if cfg.scheduler == "rotasched":
-            self._init_engine()
-        self.metrics = self._init_metrics()
+        self.engine, self.disabled_reason, self.metrics = engine, disabled_reason, metrics
+        # A running fixed-length request's decode reserve (--running-reserve): below SGLang's
+        # (all remaining outputs) only where a rotation can answer a shortage.
+        share = cfg.running_reserve if cfg.running_reserve is not None else self.policy_class.running_reserve
+        self.running_share = share if engine is not None else 1.0
+        # rotary requests whose KV is coming back early
+        self.prefetcher = Prefetcher(sched, engine, self.rotary, self.stats, self.broadcast, self.hold_rotary,
+                                     self.running_share)
 
-    def _init_metrics(self) -> Any:
-        from sglang.srt.runtime_context import get_observability
-
-        if not get_observability().enable_metrics:
-            return None
-        from .metrics import RotaSchedMetrics
-
-        return RotaSchedMetrics()
-
-    # ---- setup -------------------------------------------------------------------------------
+    # ---- policy ------------------------------------------------------------------------------
     @property
     def min_stint_s(self) -> float:
         """The rotation quantum (LVF victims only): the flag, else the policy's default."""
-        return quantum_s(self.cfg.policy, self.cfg.min_stint_ms, self.meter.costs.rotation_s)
-
-    def _init_engine(self) -> None:
-        tree = self.sched.tree_cache
-        if getattr(tree, "disable", False) or not tree.supports_prefix_sharing():
-            self.disabled_reason = "radix cache disabled: rotation needs it; using recompute only"
-            logger.warning("superinfer: %s", self.disabled_reason)
-            return
-        try:
-            dev = device_pool_view(self.sched.token_to_kv_pool_allocator.get_kvcache())
-        except UnsupportedKVPool as exc:
-            self.disabled_reason = str(exc)
-            logger.warning("superinfer: rotation disabled: %s", exc)
-            return
-        host = HostKVPool.for_device(dev, self.bt, self.cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
-                                     free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=self.cfg.rotary_pool_gb)
-        blocks = host.num_blocks
-        self.engine = RotationEngine(dev, host, self.cfg.kv_transfer)
-        if self.cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
-            self.link_bytes_per_s = measure_link(self.engine)
-            logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", self.link_bytes_per_s / 1e9)
-        logger.info("superinfer: host rotary pool %d blocks x %d tokens of %s (%.2f GiB), transfer=%s, "
-                    "rotation budget %d blocks/iteration%s", blocks, self.bt, host.store_dtype,
-                    blocks * host.bytes_per_block / 2**30, self.engine.transfer, self.budget,
-                    "" if self.link_bytes_per_s is None else " until a decode step is measured (auto)")
-
-    def _broadcaster(self) -> Callable[[object], object]:
-        tp_size = getattr(self.sched, "tp_size", 1)
-        if tp_size <= 1:
-            return lambda obj: obj
-        from sglang.srt.utils import broadcast_pyobj
-
-        def broadcast(obj: object) -> object:
-            data = broadcast_pyobj([obj], self.sched.tp_rank, self.sched.tp_cpu_group, src=0)
-            return data[0]
-
-        return broadcast
+        return planner.quantum_s(self.cfg.policy, self.cfg.min_stint_ms, self.meter.costs.rotation_s)
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def clock(self, req: Any, now: float) -> ReqClock:
@@ -185,7 +149,8 @@ class RotaSchedRuntime:
         if self.eager_sync:
             self._eager_sync(live, running_batch)
         views, by_rid = self._views(running_batch, live, now)
-        decision = self.sync.decide(lambda: self._decide(views, running_batch, now))
+        policy = self._step_policy()
+        decision = self.sync.decide(lambda: self._decide(views, running_batch, now, policy))
         self._decision = decision
         self.stats.decisions += 1
         self.stats.contended_decisions += decision.contention
@@ -201,8 +166,11 @@ class RotaSchedRuntime:
         rids = planner.admission_order(list(by_rid_waiting), list(self.resume_locks), decision)
         order = [by_rid_waiting[rid] for rid in rids if rid in by_rid_waiting]
         if self.cfg.prefetch:
+            # the policy's own order: a prefetch bets on the request LVF resumes next
+            ranked = rank_order([v for v in views if v.state is ReqState.ROTARY], now, self.params, policy)
             first = set(self.resume_locks) | set(decision.admit)
-            self.prefetcher.start(views, running_batch, [r for r in order if r.rid in first], now)
+            self.prefetcher.start(ranked, [r for r in order if r.rid in first], self.resume_locks,
+                                  running_batch, self.budget - self.inbound_blocks, self.iteration)
         return order
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
@@ -216,12 +184,15 @@ class RotaSchedRuntime:
                 rotation.eager_sync(self.sched, req, self.engine, max_blocks=budget)
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
-    def _decide(self, views: list[ReqView], running_batch: Any, now: float) -> Decision:
-        goodput = None if self.cfg.policy != "goodput" else GoodputParams(
-            self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late)
-        free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt)
+    def _step_policy(self) -> LvfPolicy:
+        """The --policy for this step, with the step costs measured so far."""
+        return self.policy_class.for_step(lambda: GoodputParams(
+            self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late))
+
+    def _decide(self, views: list[ReqView], running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
+        free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt, self.running_share)
         return planner.plan_step(views, free, self.budget, now, self.params,
-                                 goodput, self.sched.chunked_req is not None)
+                                 policy, self.sched.chunked_req is not None)
 
     def _rotation_budget(self) -> int:
         """B_xfer: the flag, else what the measured link moves in one measured decode step."""
@@ -260,7 +231,7 @@ class RotaSchedRuntime:
         configured = sched.chunked_prefill_size
         try:
             sched.waiting_queue = list(order)
-            # goodput mode: this step's chunk size, lowered so the step keeps tight TBT SLOs
+            # the policy's prefill cap: this step's chunk size, lowered so the step keeps tight TBT SLOs
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
             sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
             plan = original(sched, running_batch)
@@ -307,13 +278,14 @@ class RotaSchedRuntime:
         for req in live:
             clk = self.clocks[req.rid]
             can = clk.run_start is not None and clk.run_start <= young and req_views.rotatable(sched, req)
-            views.append(view(clk, req, ReqState.RUNNING, 0, self._blocks(req.seqlen + reserve(sched, req)), can))
+            held = self._blocks(req.seqlen + req_views.running_reserve(sched, req, self.running_share))
+            views.append(view(clk, req, ReqState.RUNNING, 0, held, can))
             by_rid[req.rid] = req
         for req in sched.waiting_queue:
-            resident = rotation.restorable_tokens(req) if req.rid in self.resume_locks else 0
-            compute = len(req.origin_input_ids) + len(req.output_ids) - resident
+            restored = req.rid in self.resume_locks
             views.append(view(self.clocks[req.rid], req, ReqState.WAITING,
-                              self._blocks(compute + reserve(sched, req)), 0, True, compute))
+                              self._blocks(req_views.waiting_need(sched, req, restored)), 0, True,
+                              req_views.extend_tokens(req, restored)))
         for rid, entry in self.rotary.items():
             need = entry.host_kv.num_tokens + 1 + reserve(sched, entry.req)
             views.append(view(self.clocks[rid], entry.req, ReqState.ROTARY, self._blocks(need), 0, True))

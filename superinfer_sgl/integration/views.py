@@ -20,18 +20,51 @@ CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
 
 
 def reserve(sched: Any, req: Any) -> float:
-    """SGLang's decode reserve of one request (its remaining outputs x the new-token ratio)."""
-    ratio = 1.0 if req.sampling_params.ignore_eos else sched.new_token_ratio_tracker.current
+    """SGLang's decode reserve of one request admitted now (its remaining outputs x the new-token
+    ratio): a waiting or rotary candidate's."""
+    return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids),
+                                  _ratio(sched, req), CLIP_MAX_NEW_TOKENS)
+
+
+def running_reserve(sched: Any, req: Any, share: float) -> float:
+    """A running request's decode reserve: `share` of its remaining outputs when it is fixed-length
+    (planner.running_reserve_ratio; SGLang's PrefillAdder applies the same rule: hooks.py)."""
+    fixed = req.sampling_params.ignore_eos
+    ratio = planner.running_reserve_ratio(fixed, share if fixed else sched.new_token_ratio_tracker.current, share)
     return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids), ratio,
                                   CLIP_MAX_NEW_TOKENS)
 
 
-def free_blocks(sched: Any, running_batch: Any, also_free_tokens: int, block_tokens: int) -> int:
+def _ratio(sched: Any, req: Any) -> float:
+    """SGLang's new-token ratio for this request's reserve (1 when it ignores EOS)."""
+    return 1.0 if req.sampling_params.ignore_eos else sched.new_token_ratio_tracker.current
+
+
+def resident(req: Any, restored: bool) -> int:
+    """Tokens of a waiting request already on the device: a resumed (`restored`) request's KV."""
+    return rotation.restorable_tokens(req) if restored else 0
+
+
+def extend_tokens(req: Any, restored: bool) -> int:
+    """Tokens the request's admission computes (planner.extend_tokens)."""
+    return planner.extend_tokens(len(req.origin_input_ids), len(req.output_ids), resident(req, restored))
+
+
+def waiting_need(sched: Any, req: Any, restored: bool) -> float:
+    """Device tokens a waiting request needs to be admitted now (planner.waiting_need)."""
+    out = len(req.output_ids)
+    return planner.waiting_need(len(req.origin_input_ids), out, resident(req, restored),
+                                req.sampling_params.max_new_tokens - out, _ratio(sched, req),
+                                CLIP_MAX_NEW_TOKENS)
+
+
+def free_blocks(sched: Any, running_batch: Any, also_free_tokens: int, block_tokens: int, share: float) -> int:
     """The budget SGLang's PrefillAdder admits against, in rotation blocks: free + evictable
-    tokens minus the decode reserve of every running request, plus `also_free_tokens` (slots held
-    for prefetches: given back before anything is allocated, unless their request resumes now)."""
+    tokens minus the decode reserve of every running request (`running_reserve`), plus
+    `also_free_tokens` (slots held for prefetches: given back before anything is allocated,
+    unless their request resumes now)."""
     alloc, tree = sched.token_to_kv_pool_allocator, sched.tree_cache
-    reserved = sum(reserve(sched, r) for r in running_batch.reqs if not r.finished())
+    reserved = sum(running_reserve(sched, r, share) for r in running_batch.reqs if not r.finished())
     return max(0, int(alloc.available_size() + also_free_tokens + tree.evictable_size() - reserved)
                // block_tokens)
 
@@ -52,9 +85,9 @@ def rotatable(sched: Any, req: Any) -> bool:
 
 def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rotate: bool,
          prefill_tokens: int = 0) -> ReqView:
-    """One request's view: its clock's times and SLO, the blocks it needs or holds, and what
-    goodput mode reads (gaps it may still miss and outputs left, from `max_new_tokens`; TTFT met;
-    class weight)."""
+    """One request's view: its clock's times and SLO, the blocks it needs or holds, and what the
+    goodput policy reads (gaps it may still miss and outputs left, from `max_new_tokens`; TTFT
+    met; class weight)."""
     left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
     return ReqView(
         rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,

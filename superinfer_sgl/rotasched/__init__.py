@@ -1,6 +1,11 @@
-"""RotaSched: SLO-aware rotary scheduling policy (pure Python, standard library only)."""
+"""RotaSched: SLO-aware rotary scheduling policy (pure Python, standard library only).
 
-from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
+lvf.py is the paper's Algorithm 1; policy.py the hooks it leaves to a policy (the paper's own in
+`PaperLvf`, goodput.py's `GoodputLvf`); planner.py the step the server and simulator share, and the
+registry of policies by name (`planner.POLICIES`)."""
+
+from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide, rank_order
+from superinfer_sgl.rotasched.policy import PAPER, LvfPolicy
 from superinfer_sgl.rotasched.slo import (
     DEFAULT_CLASSES,
     DEFAULT_SLO,
@@ -18,6 +23,8 @@ __all__ = [
     "DEFAULT_SLO",
     "Decision",
     "DecisionSync",
+    "LvfPolicy",
+    "PAPER",
     "ReqState",
     "ReqView",
     "Slo",
@@ -26,6 +33,7 @@ __all__ = [
     "VltParams",
     "idle_resume",
     "lvf_decide",
+    "rank_order",
     "resolve_slo",
     "vlt",
 ]

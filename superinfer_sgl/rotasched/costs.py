@@ -1,4 +1,4 @@
-"""Step costs measured as the server runs: what goodput mode predicts TTFT and rotation stalls with.
+"""Step costs measured as the server runs: what the goodput policy predicts TTFT and rotation stalls with.
 
 The integration layer reports each scheduler iteration it timed (a decode step, a prefill of N
 tokens, a rotation's extra time); the meter keeps exponentially weighted means and hands the
@@ -26,12 +26,12 @@ SPREAD_CLIP = 1.0  # a step off by more (an idle turn, a stall) counts as off by
 # is fitted by least squares through recent prefills' (tokens, seconds), over a longer window (about
 # the last 50 prefills) than the per-token mean (the deviations from the intercept, per token), since
 # it belongs to the model and machine (launches, the mixed step's extra pass, a decode floor's slack),
-# not to the batch, and single steps spread 15-20% on a shared CPU. It is fitted only once enough
+# not to the batch, and single steps spread noticeably on a shared CPU. It is fitted only once enough
 # prefills of different sizes have been seen (with every prefill capped at one size the line is
 # undetermined, and the prior stands). Without it the intercept is folded into the per-token cost:
-# with a positive one (on the H100 profile ~10 ms against 0.08 ms per token) a 64-token capped chunk
-# is priced at ~40% of its time and a long prompt ~13% over it; with a negative one (a mixed step's
-# prefill partly fills the decode step's floor: the GH200 profile) long prompts ~30% under theirs.
+# with a positive one (a GPU's fixed launch time) a small capped chunk is priced well under its time
+# and a long prompt over it; with a negative one (a mixed step's prefill partly fills the decode
+# step's floor) long prompts are priced under theirs.
 BASE_SMOOTHING = 0.02
 BASE_MIN_PREFILLS = 20
 BASE_MIN_SIZE_CV = 0.25  # the sizes' spread (std / mean) the line needs

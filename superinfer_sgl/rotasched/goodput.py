@@ -1,9 +1,10 @@
-"""Goodput mode of LVF: serve first the requests that can still meet both SLOs.
+"""The goodput policy (`GoodputLvf`, --policy goodput): LVF serving first the requests that can
+still meet both SLOs.
 
 The paper's Largest-VLT-First serves the most late request first. Under overload that is
 earliest-deadline-first's domino effect: capacity goes to requests that have already missed their
-TTFT, so the ones that could still make it miss too. Goodput mode keeps VLT as the urgency scale
-but ranks by what a request can still gain:
+TTFT, so the ones that could still make it miss too. The goodput policy keeps VLT as the urgency
+scale but ranks by what a request can still gain:
 
 - viable: it can still meet both SLOs. A waiting request without a first token is viable while
   `now + queue ahead of it + its own prefill + one decode step <= arrival + TTFT SLO`, all from
@@ -25,29 +26,33 @@ goodput nothing), and only when the stall the rotation adds to the step keeps ev
 request with no gap to spare within its TBT SLO. Likewise prefill: an iteration carries at most
 as many prefill tokens as keep that step within the TBT SLO of every such request
 (`prefill_cap`: stall-free chunking).
+
+The rules are functions of one view each; `GoodputLvf` hands them to LVF as its policy hooks
+(rotasched/policy.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 
-PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
-PAPER_QUANTUM_S = 5.0  # the paper policy's rotation quantum (docs/sim.md: best of 0-20 s there)
 ROTATION_AMORTIZE = 20
-# Tokens: the prefill cap never goes below this, so prefills always progress. No higher: on the CPU
-# server the computed cap sat under 64 most of the time (median 54 tokens in the mixed A/B's step
-# log), so a 64-token floor overrode the cap it exists for (27% of capped steps over the tight
-# class's TBT); no lower: the cost meter learns the per-token cost from prefills of at least this
-# size (costs.MIN_PREFILL_TOKENS), so capped steps keep that estimate current (docs/journal.md).
+RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio for fixed-length requests (docs/architecture.md)
+# Tokens: the prefill cap never goes below this, so prefills always progress. No higher: on a slow
+# (CPU) server the computed cap sits below a larger floor most of the time, which would override the
+# cap it exists for; no lower: the cost meter learns the per-token cost from prefills of at least
+# this size (costs.MIN_PREFILL_TOKENS), so capped steps keep that estimate current.
 MIN_PREFILL_CHUNK = 32
 CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO (prefill_cap) ...
 JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
 SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss
-POLICIES = ("goodput", "paper")
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
 
 
@@ -59,8 +64,8 @@ class StepCosts:
     prefill_base_s: float  # a prefill's fixed time on top of the decode step it rides with (mixed chunk)
     decode_step_s: float  # one decode iteration of the current batch (its fixed time included)
     rotation_s: float  # the server's extra time for one rotation (out and back), beyond its copies
-    # Relative spread of single steps around these means (RMS of step / predicted - 1): steps on a
-    # shared CPU vary by 10-20% (docs/journal.md#jitter); 0 when unmeasured or deterministic.
+    # Relative spread of single steps around these means (RMS of step / predicted - 1): noticeable
+    # on a shared CPU; 0 when unmeasured or deterministic.
     step_cv: float = 0.0
 
     def __post_init__(self) -> None:
@@ -92,8 +97,8 @@ def lost(view: ReqView) -> bool:
 def prefill_time_s(tokens: int, costs: StepCosts, chunk: int | None) -> float:
     """Time to prefill `tokens` prompt tokens: one step, or with this step's prefill cap `chunk`
     one capped step per `chunk` tokens, each riding a decode step of the running batch (mixed
-    chunk). Under the cap a 150-token prompt on our CPU server takes three ~160 ms steps, not one
-    of ~300 ms: counting it as one admitted requests that then missed their TTFT anyway."""
+    chunk). Counting a capped prefill as one step would admit requests that then miss their TTFT
+    anyway."""
     steps = 1 if chunk is None or chunk <= 0 else max(1, math.ceil(tokens / chunk))
     return steps * costs.prefill_base_s + (steps - 1) * costs.decode_step_s + costs.prefill_s_per_token * tokens
 
@@ -124,10 +129,8 @@ def rank_key(view: ReqView, now: float, tier: int = VIABLE) -> float:
     Best-effort requests: longest remaining output first (`ReqView.outputs_left`). They have no
     SLO left to meet, and every one completes; what their order still decides is when the run's
     work ends. A request with L outputs left decodes for L steps whatever runs beside it, so the
-    long ones started last set the make-span: served oldest first, three lost requests of
-    1800-2000 outputs decoded alone for the last 50 s of the simulator's H100 run at 5 req/s
-    (output throughput 93% of stock's; longest first, with the queue below: 99%,
-    docs/journal.md#drain)."""
+    long ones started last set the make-span (served oldest first, a few long lost requests end
+    up decoding alone at the end of a run, and output throughput drops)."""
     if tier == BEST_EFFORT:
         return -float(view.outputs_left)
     s = slack(view, now)
@@ -159,18 +162,6 @@ def victim_key(view: ReqView, stint_s: float) -> tuple[float, float] | None:
     return (view.weight, -stint_s)
 
 
-def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> float:
-    """The rotation quantum (a running request is not rotated out before this long in its stint):
-    `min_stint_ms` if set; else the paper policy's 5 s, or goodput's ROTATION_AMORTIZE rotations'
-    worth of the measured rotation cost (a rotation may take at most 1/ROTATION_AMORTIZE of the
-    victim's stint): 1.2 s on our CPU server, ~0 on a GPU."""
-    if min_stint_ms is not None:
-        return min_stint_ms / 1000.0
-    if policy == "paper":
-        return PAPER_QUANTUM_S
-    return ROTATION_AMORTIZE * rotation_s
-
-
 def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
     """The stall a rotation adds to the next step keeps every viable running request that has no
     gap to spare within its TBT SLO."""
@@ -183,15 +174,14 @@ def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
     stays within `cap_share` of the TBT SLO of every viable running request with at most
     SPARE_MISSES gaps left to miss; None when no such request runs (the configured chunk size
     stands). A mixed step's prefill makes every running request's next gap; without the cap one
-    512-token chunk on a CPU costs ~0.9 s, i.e. a missed gap for the whole batch. At least
+    long chunk on a slow server is a missed gap for the whole batch. At least
     MIN_PREFILL_CHUNK.
 
     Why the margins: the costs are averages and a real step varies around them (a mixed step also
     grows the batch it decodes), so a step aimed exactly at the SLO misses about half the time;
     and a request protected only at its last spare gap loses its TBT to the first unforeseen stall
-    (a rotation, a slow step). In the simulator's mixed-class CPU workload the two together took
-    the tight class's joint attainment at 1.4x capacity from 5% to 23% (docs/journal.md). Where
-    single steps spread (`StepCosts.step_cv`), the share shrinks further (`cap_share`)."""
+    (a rotation, a slow step). Where single steps spread (`StepCosts.step_cv`), the share shrinks
+    further (`cap_share`)."""
     tight = [v.tbt_slo for v in views
              if v.state is _RUNNING and v.ttft_met is True and 0 <= v.misses_left <= SPARE_MISSES]
     if not tight or costs.prefill_s_per_token <= 0:
@@ -214,11 +204,8 @@ def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, g
     and, where the server streams a step's tokens after the next step (`emit_after_next_step`),
     every running request still waiting for its first token. A request that cannot make its
     deadline in this step sets no limit (it can no longer be helped here), nor does one whose prompt
-    spills into a later step (it is planned again there). Found in the simulator's trace of the CPU
-    mixed-class workload (docs/journal.md#packing): a 126-token interactive prompt shared its step
-    with 155 tokens of prompts admitted behind it and got its first token 0.9 s after arrival
-    against a 0.67 s SLO; on the Azure code trace (long prompts) bounding the step took joint
-    attainment from 51% to 68% at GH200 10 req/s."""
+    spills into a later step (it is planned again there). Without it a short interactive prompt
+    sharing its step with prompts admitted behind it gets its first token after its deadline."""
     costs = gp.costs
     if costs.prefill_s_per_token <= 0:
         return None
@@ -248,8 +235,70 @@ def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, g
 def cap_share(step_cv: float) -> float:
     """The share of the TBT SLO a capped step is aimed at: CAP_TBT_SHARE, or less where steps
     spread so much that a step aimed there would exceed the SLO more than ~10% of the time (a
-    step's time taken as its mean times 1 + step_cv x a standard normal). In the simulator with
-    the CPU server's measured spread injected (cv 0.15-0.2), aiming at 1 / (1 + JITTER_Z x cv)
-    instead of 0.9 raised the tight class's joint attainment by 2-6 points at 1.4x-2x capacity
-    (docs/journal.md#jitter); with no spread it is CAP_TBT_SHARE, as before."""
+    step's time taken as its mean times 1 + step_cv x a standard normal); with no spread it is
+    CAP_TBT_SHARE."""
     return min(CAP_TBT_SHARE, 1.0 / (1.0 + JITTER_Z * step_cv))
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputLvf:
+    """The goodput policy's hooks for one step (rotasched/policy.py's `LvfPolicy`); `chunk`: the
+    step's prefill cap, which sets how long the chosen prefills take (None: uncapped)."""
+
+    params: GoodputParams
+    chunk: int | None = None
+
+    name: ClassVar[str] = "goodput"
+    queues_best_effort: ClassVar[bool] = True  # longest-output-first: the largest would starve
+    reads_running_progress: ClassVar[bool] = True  # victims and the cap read gaps left
+    # A running fixed-length request keeps back this share of its remaining outputs, not all of
+    # them: the batch holds more requests, and LVF rotates one out when memory runs short.
+    running_reserve: ClassVar[float] = RUNNING_RESERVE
+
+    @staticmethod
+    def quantum_s(rotation_s: float) -> float:
+        """ROTATION_AMORTIZE rotations' worth of the measured rotation cost: a rotation takes at
+        most 1/ROTATION_AMORTIZE of the victim's stint."""
+        return ROTATION_AMORTIZE * rotation_s
+
+    @classmethod
+    def for_step(cls, measured: Callable[[], GoodputParams]) -> GoodputLvf:
+        return cls(measured())
+
+    def rank(self, views: Sequence[ReqView], lags: Sequence[float], now: float) -> Ranks:
+        """By tier, then earliest deadline first (best-effort: longest output left first)."""
+        params, chunk = self.params, self.chunk
+        tiers = [tier(v, now, params, chunk) for v in views]
+        return tiers, [rank_key(v, now, t) for v, t in zip(views, tiers)]
+
+    def defers(self, view: ReqView, now: float, ahead_tokens: int) -> bool:
+        """A prefill that cannot get its first token in time behind those chosen before it."""
+        return view.last_token is None and not ttft_reachable(view, now, ahead_tokens, self.params.costs,
+                                                              self.chunk)
+
+    def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
+                stints: Sequence[float]) -> list[ReqView]:
+        """Lost requests only (`victim_key`), and only while a rotation's stall is affordable."""
+        if not rotation_affordable([v for v in views if v.state is _RUNNING], self.params.costs):
+            return []
+        keyed = []
+        for v, lag in zip(movable, stints):
+            key = victim_key(v, -lag) if lag < 0 else None
+            if key is not None:
+                keyed.append((key, v.arrival, v.rid, v))
+        keyed.sort()
+        return [row[3] for row in keyed]
+
+    def prefill_cap(self, views: list[ReqView]) -> int | None:
+        return prefill_cap(views, self.params.costs)
+
+    def capped(self, chunk: int) -> GoodputLvf:
+        return dataclasses.replace(self, chunk=chunk)
+
+    def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
+                 cap: int | None) -> int | None:
+        """Lowered where this step's first tokens need it (`deadline_budget`)."""
+        if not admitted and not self.params.emit_after_next_step:
+            return cap
+        budget = deadline_budget(views, admitted, now, self.params, cap)
+        return cap if budget is None else budget

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from superinfer_sgl.rotasched.goodput import VIABLE, GoodputParams, lost, tier
+from superinfer_sgl.rotasched.goodput import GoodputParams, lost, tier
+from superinfer_sgl.rotasched.policy import VIABLE
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 

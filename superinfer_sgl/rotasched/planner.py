@@ -2,7 +2,8 @@
 and the order in which SGLang's PrefillAdder is offered the waiting queue.
 
 `integration/runtime.py` and `sim/policies/rotasched.py` both build views of their requests and
-call `plan_step` and `admission_order`; the rules below exist nowhere else.
+call `plan_step` and `admission_order`; the rules below exist nowhere else. The policy is chosen by
+name (--policy) from `POLICIES`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from superinfer_sgl.rotasched.goodput import GoodputParams, deadline_budget, prefill_cap
+from superinfer_sgl.registry import Registry
+from superinfer_sgl.rotasched.goodput import GoodputLvf
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
+from superinfer_sgl.rotasched.policy import LvfPolicy, PaperLvf, PolicyClass
 from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
+
+# The server's --policy choices (the first is the default's place in --help only).
+POLICIES: Registry[PolicyClass] = Registry("policy", {"goodput": GoodputLvf, "paper": PaperLvf})
 
 # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default: the decode reserve clips outputs here.
 CLIP_MAX_NEW_TOKENS = 4096
@@ -41,24 +47,59 @@ def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_M
     return min(max(outputs_left, 0), clip) * new_token_ratio
 
 
+def running_reserve_ratio(ignore_eos: bool, sglang_ratio: float, fixed_length: float) -> float:
+    """The new-token ratio of a *running* request's decode reserve. A request that may stop at EOS
+    keeps SGLang's estimate (`sglang_ratio`, decaying as requests finish early). A fixed-length one
+    (ignore_eos), for which SGLang keeps back every remaining output token until it ends, keeps the
+    policy's share `fixed_length` (`running_reserve`): below 1 more requests share the device pool,
+    and when it runs short LVF rotates a request out to host memory instead of SGLang retracting
+    one to recompute. A waiting candidate's own need (`waiting_need`) is SGLang's either way."""
+    return fixed_length if ignore_eos else sglang_ratio
+
+
+def extend_tokens(prompt_tokens: int, outputs: int, resident: int) -> int:
+    """Tokens a waiting request's admission computes: its prompt and outputs so far, less what is
+    already resident on the device (a resumed request's restored KV)."""
+    return prompt_tokens + outputs - resident
+
+
+def waiting_need(prompt_tokens: int, outputs: int, resident: int, outputs_left: int,
+                 new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
+    """Device tokens a waiting request needs to be admitted now: `extend_tokens` plus its decode
+    reserve (`reserve_tokens`). The one rule for the server's views, its prefetch room, its
+    headroom gauges and the simulator (whose stock admission passes ratio 1)."""
+    return extend_tokens(prompt_tokens, outputs, resident) + reserve_tokens(outputs_left, new_token_ratio, clip)
+
+
 def blocks(tokens: float, block_tokens: int) -> int:
     return max(0, math.ceil(tokens / block_tokens))
 
 
+def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> float:
+    """The rotation quantum (a running request is not rotated out before this long in its stint):
+    `min_stint_ms` if set, else the policy's default for a rotation that costs `rotation_s`."""
+    if min_stint_ms is not None:
+        return min_stint_ms / 1000.0
+    return POLICIES[policy].quantum_s(rotation_s)
+
+
 def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
-              params: VltParams, goodput: GoodputParams | None, chunked_active: bool) -> Decision:
-    """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus (goodput
-    mode) the prefill cap of this step: the running requests' TBT cap (`prefill_cap`), lowered
-    where the step's first tokens need it (`deadline_budget`)."""
+              params: VltParams, policy: LvfPolicy, chunked_active: bool) -> Decision:
+    """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
+    policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
+    known)."""
     listed = list(views)
-    cap = None if goodput is None else prefill_cap(listed, goodput.costs)
-    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, goodput, cap)
+    cap = policy.prefill_cap(listed)
+    if cap is not None:
+        policy = policy.capped(cap)
+    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, policy)
     if not chunked_active:
-        decision = idle_resume(decision, views, now, params)
-    if goodput is not None and (decision.admit or goodput.emit_after_next_step):
+        decision = idle_resume(decision, views, now, params, policy)
+    admitted: list[ReqView] = []
+    if decision.admit:
         by_rid = {v.rid: v for v in listed}
-        budget = deadline_budget(listed, [by_rid[rid] for rid in decision.admit], now, goodput, cap)
-        cap = cap if budget is None else budget
+        admitted = [by_rid[rid] for rid in decision.admit]
+    cap = policy.step_cap(listed, admitted, now, cap)
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
     return decision

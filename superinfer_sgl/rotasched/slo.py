@@ -2,12 +2,19 @@
 
 A request selects its SLO through SGLang's `custom_params` with our keys only:
 `slo_class` (a class name), `ttft_slo_ms` and `tbt_slo_ms` (explicit overrides).
+
+`custom_params` is shared with SGLang and other tools (thinking_budget, custom logit processor
+parameters, ...), so unknown keys in general pass. A key that looks like one of ours but is not
+(`check_slo_keys`: it has `slo` as a word of its name, e.g. `slo_clas`, `SLO_CLASS`, `sloClass`,
+`tpot_slo_ms`, `x-slo-ttft-ms`) is refused, naming the key and ours: a misspelt SLO would
+otherwise silently give the request the default SLO.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,33 @@ class SloError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"invalid SLO field {field!r}: {message}")
         self.field = field
+
+
+SLO_KEYS = (SLO_CLASS_KEY, TTFT_KEY, TBT_KEY)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_WORD_SEP = re.compile(r"[^a-z0-9]+")
+
+
+_LATENCY_WORDS = ("ttft", "tbt", "tpot")
+
+
+def looks_like_slo_key(key: str) -> bool:
+    """Whether `key` reads as an SLO key: `slo` is one of its words (split at non-alphanumerics
+    and camelCase), or its first word is ttft, tbt or tpot. `slo_clas`, `ttft-slo-ms`,
+    `sloClass`, `ttft_ms`, `tpot_slo_ms` yes; `slot_id`, `isolation`, `thinking_budget` no."""
+    words = [w for w in _WORD_SEP.split(_CAMEL.sub("_", key).lower()) if w]
+    return "slo" in words or (bool(words) and words[0] in _LATENCY_WORDS)
+
+
+def check_slo_keys(custom_params: object) -> None:
+    """SloError naming the first key of `custom_params` that looks like an SLO key
+    (looks_like_slo_key) but is not one of SLO_KEYS; other keys are not ours to judge."""
+    if not isinstance(custom_params, Mapping):
+        return  # resolve_slo names a custom_params that is not an object
+    for key in custom_params:
+        if isinstance(key, str) and key not in SLO_KEYS and looks_like_slo_key(key):
+            raise SloError(key, f"unknown SLO key; the SLO keys are {', '.join(SLO_KEYS)} (keys "
+                           "with 'slo' as a word, or starting with ttft, tbt or tpot, are reserved for SLOs)")
 
 
 def _positive(field: str, value: object) -> float:

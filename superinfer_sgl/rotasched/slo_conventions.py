@@ -34,8 +34,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .slo import (MAX_SLO_MS, SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, load_json,
-                  resolve_slo)
+from .slo import (MAX_SLO_MS, SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, check_slo_keys,
+                  load_json, resolve_slo)
 
 SERVICE_TIER_FIELD = "service_tier"
 PRIORITY_FIELD = "priority"
@@ -195,8 +195,10 @@ def fold_conventions(conv: SloConventions, custom_params: object, *,
 
 def resolve_request_slo(conv: SloConventions, default: Slo, classes: SloClasses, custom_params: object,
                         **conventions: object) -> tuple[Slo, str | None]:
-    """The SLO (and class name) the scheduler will give a request: fold, then resolve_slo."""
+    """The SLO (and class name) the scheduler will give a request: fold, check_slo_keys, then
+    resolve_slo (the tokenizer's checks, integration.hooks)."""
     params = fold_conventions(conv, custom_params, **conventions)  # type: ignore[arg-type]
+    check_slo_keys(params)
     slo = resolve_slo(params, default, classes)  # type: ignore[arg-type]
     name = params.get(SLO_CLASS_KEY) if isinstance(params, Mapping) else None
     return slo, name if isinstance(name, str) else None

@@ -124,6 +124,9 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    help="goodput policy: the profile's exact step costs instead of what the server's "
                           "CostMeter learns from the simulated steps (the default, as the server does)")
     p.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
+    p.add_argument("--running-reserve", type=float, default=None,
+                   help="our policies: the decode reserve a running fixed-length request keeps, as a share of "
+                        "its remaining outputs (the server's --running-reserve; default: the policy's)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
 
 
@@ -133,7 +136,7 @@ def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
                None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
-               measured_costs=not a.profile_costs)
+               measured_costs=not a.profile_costs, running_reserve=a.running_reserve)
 
 
 def _capacity(a: argparse.Namespace) -> None:

@@ -76,6 +76,7 @@ class Job:
     max_best_effort_wait_s: float = SimConfig.max_best_effort_wait_s
     step_jitter: float = 0.0  # SimConfig.step_jitter, seeded with the workload's seed
     measured_costs: bool = SimConfig.measured_costs  # the server's meter; False: the profile's costs
+    running_reserve: float | None = None  # SimConfig.running_reserve (None: the policy's)
     tags: dict = field(default_factory=dict)
 
     def config(self) -> SimConfig:
@@ -84,7 +85,7 @@ class Job:
                          ignore_eos=self.ignore_eos, min_stint_s=self.stint_s(),
                          max_best_effort_wait_s=self.max_best_effort_wait_s,
                          step_jitter=self.step_jitter, jitter_seed=self.seed,
-                         measured_costs=self.measured_costs)
+                         measured_costs=self.measured_costs, running_reserve=self.running_reserve)
 
     def stint_s(self) -> float | None:
         """The quantum: as given; else None (the server's default) for our server's policies,

@@ -29,8 +29,10 @@ from superinfer_sgl.sim.workload import RequestSpec, Workload
 # A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF over the
 # rotation engine's one call per step for both directions, with eager sync (its defaults).
 AS_SERVED = "as-served"  # our server: the simulator policy of its --policy flag (served_policy)
-SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": AS_SERVED}
+SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "superinfer": AS_SERVED,
+                 "superinfer-paper": AS_SERVED}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
+RUNNING_RESERVE_SINCE = "2026-11-28"  # A/Bs dated before ran servers without --running-reserve
 
 # What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
 MODEL_GAPS = (
@@ -205,7 +207,12 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     stint = flag_value(cmd, "--min-stint-ms")
     quantum = float(stint) / 1000.0 if stint is not None else (
         None if flag_value(cmd, "--policy") is not None else 0.0)
-    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum)
+    # --running-reserve: as given, else the policy's (before the option: SGLang's whole reserve, 1)
+    reserve = flag_value(cmd, "--running-reserve")
+    share = float(reserve) if reserve not in (None, "auto") else (
+        1.0 if str(cfg.get("date_utc", "")) < RUNNING_RESERVE_SINCE else None)
+    return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum,
+                     running_reserve=share)
 
 
 def served_policy(cfg: dict, system: str) -> str:

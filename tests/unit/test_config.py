@@ -189,7 +189,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
     assert flags == {
         "--scheduler", "--ttft-slo-ms", "--tbt-slo-ms", "--slo-classes", "--slo-service-tiers",
         "--slo-gateway-classes", "--slo-priority-classes", "--vlt-alpha",
-        "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--rotation-budget-blocks", "--rotary-block-tokens",
+        "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--running-reserve", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
         "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms",
@@ -197,7 +197,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
 
 
 def test_min_stint_must_be_finite_and_not_negative() -> None:
-    assert SuperInferConfig().min_stint_ms is None  # auto: the policy's default (goodput.quantum_s)
+    assert SuperInferConfig().min_stint_ms is None  # auto: the policy's default (planner.quantum_s)
     assert from_namespace(_parser().parse_args(["--min-stint-ms", "0"])).min_stint_ms == 0.0
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(ConfigError, match="min-stint-ms"):
@@ -239,11 +239,12 @@ def test_test_knobs_are_read_from_the_environment_once_into_the_config() -> None
 
 def test_auto_or_a_number_for_the_derived_rotation_knobs() -> None:
     parse = _parser().parse_args
-    auto = from_namespace(parse(["--rotation-budget-blocks", "auto", "--min-stint-ms", "auto"]))
-    assert auto.rotation_budget_blocks is None and auto.min_stint_ms is None
-    set_ = from_namespace(parse(["--rotation-budget-blocks", "12", "--min-stint-ms", "250"]))
-    assert set_.rotation_budget_blocks == 12 and set_.min_stint_ms == 250.0
+    auto = from_namespace(parse(["--rotation-budget-blocks", "auto", "--min-stint-ms", "auto",
+                                 "--running-reserve", "auto"]))
+    assert auto.rotation_budget_blocks is None and auto.min_stint_ms is None and auto.running_reserve is None
+    set_ = from_namespace(parse(["--rotation-budget-blocks", "12", "--min-stint-ms", "250", "--running-reserve", "0.5"]))
+    assert set_.rotation_budget_blocks == 12 and set_.min_stint_ms == 250.0 and set_.running_reserve == 0.5
     for flag, bad in (("--rotation-budget-blocks", "1.5"), ("--rotation-budget-blocks", "lots"),
-                      ("--min-stint-ms", "soon")):
+                      ("--min-stint-ms", "soon"), ("--running-reserve", "half")):
         with pytest.raises(SystemExit):
             parse([flag, bad])

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams, lvf_decide
 from superinfer_sgl.rotasched.costs import CostMeter
-from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, GoodputParams, StepCosts, quantum_s, rank_key
-from superinfer_sgl.rotasched.planner import admission_order, rotation_budget
+from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, GoodputLvf, GoodputParams, StepCosts, rank_key
+from superinfer_sgl.rotasched.planner import admission_order, quantum_s, rotation_budget
+from superinfer_sgl.rotasched.policy import PAPER
 from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
 
@@ -39,17 +40,17 @@ def test_a_request_that_cannot_make_its_ttft_yields_to_one_that_can() -> None:
     # 1000-token prompt (1 s): LVF's paper rule serves it, goodput serves the one that can still win.
     views = [waiting("late", 4.5, tokens=1000), waiting("ontime", 3.0), running("r", 1.0)]
     assert lvf_decide(views, 10, 0, NOW, P).admit == ("late",)
-    d = lvf_decide(views, 10, 0, NOW, P, GP)
+    d = lvf_decide(views, 10, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("ontime",) and d.blocked == "late"  # best-effort now, first in its queue
 
 
 def test_best_effort_takes_only_free_memory_and_never_displaces() -> None:
     views = [waiting("lost", 10.0, blocks=30), waiting("ok", 3.0, blocks=5), running("r", 9.0)]
-    d = lvf_decide(views, 20, 0, NOW, P, GP)
+    d = lvf_decide(views, 20, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("ok",) and d.rotate_out == ()
     # Even with a lost running request to rotate out and the budget to do it.
     views.append(running("gone", 9.0, blocks=40, ttft_met=False))
-    d = lvf_decide(views, 20, 100, NOW, P, GP)
+    d = lvf_decide(views, 20, 100, NOW, P, GoodputLvf(GP))
     assert d.admit == ("ok",) and d.rotate_out == ()
 
 
@@ -61,26 +62,26 @@ def test_best_effort_requests_go_longest_output_first_in_a_queue() -> None:
         return ReqView(rid, W, NOW - waited, None, None, 5.0, 0.1, blocks, 0, True, 100, outputs_left=left)
     short, long_ = lost("short", 20.0, 50, 5), lost("long", 8.0, 2000, 10)
     views = [short, long_, waiting("ok", 1.0, blocks=10), running("r", 9.0, blocks=40)]
-    d = lvf_decide(views, 24, 0, NOW, P, GP)
+    d = lvf_decide(views, 24, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("ok", "long") and d.blocked == "short"
-    d = lvf_decide(views, 15, 0, NOW, P, GP)
+    d = lvf_decide(views, 15, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("ok",) and d.blocked == "long"
     assert admission_order(["short", "long", "ok"], [], d) == ["ok", "long"]
     a, b = lost("a", 9.0, 4096, 10), lost("b", 12.0, 4096, 10)
-    assert lvf_decide([a, b, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GP).admit == ("b",)
+    assert lvf_decide([a, b, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GoodputLvf(GP)).admit == ("b",)
     # A head that could never fit (more than free plus all running requests hold) is skipped.
     huge = lost("huge", 8.0, 3000, 100)
-    assert lvf_decide([huge, short, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GP).admit == ("short",)
+    assert lvf_decide([huge, short, running("r", 9.0, blocks=40)], 10, 0, NOW, P, GoodputLvf(GP)).admit == ("short",)
 
 
 def test_queue_ahead_counts_prefills_already_chosen() -> None:
     # Each alone could finish in time (1.5 s prefill, 2 s left); behind the first, the second can't.
     a = waiting("a", 3.0, tokens=1500)
     b = waiting("b", 2.99, tokens=1500)
-    d = lvf_decide([a, b, running("r", 1.0)], 20, 0, NOW, P, GP)
+    d = lvf_decide([a, b, running("r", 1.0)], 20, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("a", "b")  # b still gets free memory, as best-effort, after everyone viable
     c = waiting("c", 1.0, tokens=100, blocks=10)  # viable, ranked below b by VLT
-    d = lvf_decide([a, b, c, running("r", 1.0)], 20, 0, NOW, P, GP)
+    d = lvf_decide([a, b, c, running("r", 1.0)], 20, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == ("a", "c")
 
 
@@ -105,10 +106,10 @@ def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
     gp = GoodputParams(costs, max_best_effort_wait_s=30.0)
     tight = running("t", 1.0, misses_left=0, tbt=0.1, blocks=10)
     late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
-    d = plan_step([late, fresh, tight], 10, 0, NOW, P, gp, False)
+    d = plan_step([late, fresh, tight], 10, 0, NOW, P, GoodputLvf(gp), False)
     assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
     roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no TBT cap,
-    d = plan_step([late, fresh, roomy], 10, 0, NOW, P, gp, False)
+    d = plan_step([late, fresh, roomy], 10, 0, NOW, P, GoodputLvf(gp), False)
     # only late's own deadline (0.6 s left: one step of at most ~520 tokens, deadline_budget)
     assert d.prefill_cap in (519, 520) and d.admit == ("late",)
 
@@ -116,11 +117,11 @@ def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
 def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line() -> None:
     old = waiting("old", 31.0, blocks=15)  # lost long ago, past the 30 s bound
     views = [old, waiting("ok", 3.0, blocks=5), running("r", 1.0, blocks=40)]
-    d = lvf_decide(views, 10, 0, NOW, P, GP)
+    d = lvf_decide(views, 10, 0, NOW, P, GoodputLvf(GP))
     assert d.admit == () and d.blocked == "old"  # nobody takes the memory it waits for
-    assert lvf_decide(views, 20, 0, NOW, P, GP).admit == ("old", "ok")
+    assert lvf_decide(views, 20, 0, NOW, P, GoodputLvf(GP)).admit == ("old", "ok")
     young = GoodputParams(COSTS, max_best_effort_wait_s=math.inf)
-    assert lvf_decide(views, 10, 0, NOW, P, young).admit == ("ok",)
+    assert lvf_decide(views, 10, 0, NOW, P, GoodputLvf(young)).admit == ("ok",)
 
 
 def test_earliest_deadline_first_across_classes() -> None:
@@ -131,16 +132,16 @@ def test_earliest_deadline_first_across_classes() -> None:
     tight = waiting("tight", 0.2, ttft=1.5)
     views = [loose, tight, running("r", 1.0)]
     assert lvf_decide(views, 10, 0, NOW, P).admit == ("loose",)
-    assert lvf_decide(views, 10, 0, NOW, P, GP).admit == ("tight",)
+    assert lvf_decide(views, 10, 0, NOW, P, GoodputLvf(GP)).admit == ("tight",)
 
 
 def test_class_weight_decides_who_gets_scarce_memory() -> None:
     batchy = waiting("batch", 4.5, ttft=5.0, blocks=10)  # 0.5 s of slack left
     inter = waiting("inter", 0.5, ttft=1.5, blocks=10, weight=8.0)  # 1 s left, / 8
     views = [batchy, inter, running("r", 1.0)]
-    assert lvf_decide(views, 10, 0, NOW, P, GP).admit == ("inter",)
+    assert lvf_decide(views, 10, 0, NOW, P, GoodputLvf(GP)).admit == ("inter",)
     same = [batchy, waiting("inter", 0.5, ttft=1.5, blocks=10), running("r", 1.0)]
-    assert lvf_decide(same, 10, 0, NOW, P, GP).admit == ("batch",)
+    assert lvf_decide(same, 10, 0, NOW, P, GoodputLvf(GP)).admit == ("batch",)
 
 
 @settings(max_examples=200, deadline=None, database=None)
@@ -158,9 +159,9 @@ def test_rank_key_orders_by_slack_and_a_weight_only_moves_its_own_class_ahead(
 def test_only_requests_that_already_lost_are_rotated_out() -> None:
     views = [waiting("new", 3.0, blocks=10), running("fine", 9.0), running("lost", 2.0, ttft_met=False),
              running("tbt_lost", 8.0, misses_left=-1)]
-    d = lvf_decide(views, 0, 100, NOW, P, GP)
+    d = lvf_decide(views, 0, 100, NOW, P, GoodputLvf(GP))
     assert d.admit == ("new",) and d.rotate_out == ("tbt_lost",)  # both lost: the longer stint
-    d = lvf_decide([v for v in views if v.rid not in ("lost", "tbt_lost")], 0, 100, NOW, P, GP)
+    d = lvf_decide([v for v in views if v.rid not in ("lost", "tbt_lost")], 0, 100, NOW, P, GoodputLvf(GP))
     assert d.rotate_out == () and d.blocked == "new"
     assert lvf_decide(views, 0, 100, NOW, P).rotate_out == ("fine",)  # paper: the longest stint
 
@@ -168,9 +169,9 @@ def test_only_requests_that_already_lost_are_rotated_out() -> None:
 def test_rotation_gate_protects_running_requests_with_no_gap_to_spare() -> None:
     views = [waiting("new", 3.0), running("lost", 2.0, ttft_met=False), running("tight", 1.0, misses_left=0)]
     cheap = GoodputParams(StepCosts(1e-3, 0.0, 0.02, 0.05))
-    assert lvf_decide(views, 0, 100, NOW, P, cheap).rotate_out == ("lost",)
+    assert lvf_decide(views, 0, 100, NOW, P, GoodputLvf(cheap)).rotate_out == ("lost",)
     dear = GoodputParams(StepCosts(1e-3, 0.0, 0.02, 0.09))  # 20 + 90 ms > the 100 ms TBT SLO
-    assert lvf_decide(views, 0, 100, NOW, P, dear).rotate_out == ()
+    assert lvf_decide(views, 0, 100, NOW, P, GoodputLvf(dear)).rotate_out == ()
 
 
 def test_quantum_follows_the_policy_and_the_measured_rotation_cost() -> None:
@@ -185,7 +186,7 @@ def test_quantum_follows_the_policy_and_the_measured_rotation_cost() -> None:
 def test_goodput_keeps_lvf_guarantees(views: list[ReqView], free: int, budget: int, params: VltParams,
                                       per_token: float, bound: float) -> None:
     gp = GoodputParams(StepCosts(per_token, 0.0, 0.02, 0.01), bound)
-    d = lvf_decide(views, free, budget, NOW, params, gp)
+    d = lvf_decide(views, free, budget, NOW, params, GoodputLvf(gp))
     check_invariants(views, d, free, budget, params)
     by_rid = {v.rid: v for v in views}
     assert all(by_rid[r].ttft_met is False or by_rid[r].misses_left < 0 for r in d.rotate_out)
@@ -298,13 +299,13 @@ def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
     # a TBT the decode step alone breaks still lets prefills progress
     assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.01)], COSTS) == MIN_PREFILL_CHUNK
     # the planner carries it in the decision (goodput only); the executor's chunk is the lower one
-    d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GP, False)
+    d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GoodputLvf(GP), False)
     assert d.prefill_cap == 70 and chunk_tokens(512, d) == 70 and chunk_tokens(64, d) == 64
     assert chunk_tokens(None, d) is None and chunk_tokens(-1, d) == -1  # chunking off: nothing to cap
     # SGLang charges a mixed step's decode rows to the chunk budget: they are added back, so 100
     # running requests still leave the step 70 prefill tokens (never a zero or negative chunk)
     assert chunk_tokens(512, d, mixed_rows=100) == 170 and chunk_tokens(150, d, mixed_rows=100) == 150
-    assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, None, False).prefill_cap is None
+    assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, PAPER, False).prefill_cap is None
 
 
 def test_rotation_budget_is_the_flag_else_one_step_of_the_measured_link_within_the_pool_cap() -> None:
@@ -379,7 +380,7 @@ def test_deadline_budget_keeps_the_first_tokens_of_the_step_in_time() -> None:
     loose = waiting("loose", 0.05, tokens=300, ttft=10.0, blocks=5)
     assert deadline_budget([tight, loose], [tight, loose], NOW, GP, None) == 380
     # the planner lowers the step's cap to it (memory covers both: FCFS admits both)
-    d = plan_step([tight, loose], 100, 0, NOW, P, GP, False)
+    d = plan_step([tight, loose], 100, 0, NOW, P, GoodputLvf(GP), False)
     assert d.admit == ("tight", "loose") and d.prefill_cap == 380
     # a TBT cap already below it stands
     assert deadline_budget([tight, loose], [tight, loose], NOW, GP, 256) is None
@@ -421,7 +422,7 @@ def test_the_step_cap_only_ever_lowers_and_keeps_the_floor(views: list[ReqView],
 
     gp = GoodputParams(StepCosts(per_token, 0.001, 0.02, 0.0, 0.2), emit_after_next_step=lagged)
     tbt_cap = prefill_cap(views, gp.costs)
-    d = plan_step(views, free, 8, NOW, P, gp, False)
+    d = plan_step(views, free, 8, NOW, P, GoodputLvf(gp), False)
     if d.prefill_cap is not None:
         assert d.prefill_cap >= MIN_PREFILL_CHUNK
         assert tbt_cap is None or d.prefill_cap <= tbt_cap

@@ -102,6 +102,8 @@ class Scenario:
     stint_ms: float | None = 0.0
     best_effort_wait_ms: float = 60_000.0
     ratio: float | None = None  # None: ignore_eos (ratio 1); else SGLang's new-token ratio, both sides
+    # a running fixed-length request's decode reserve (--running-reserve; None: the policy's), both sides
+    running_reserve: float | None = 1.0
 
 
 # ---- the server side ---------------------------------------------------------------------------
@@ -159,12 +161,11 @@ class Server:
             _add_request_to_queue=lambda r, is_retracted=False: self.sched.waiting_queue.append(r),
         )
         mp.setattr(sb, "release_req", self._release)
-        mp.setattr(RotaSchedRuntime, "_init_engine", lambda rt: setattr(rt, "engine", self.engine))
-        mp.setattr(RotaSchedRuntime, "_init_metrics", lambda rt: None)
         cfg = SuperInferConfig(policy=policy, rotary_block_tokens=sc.bt, rotation_budget_blocks=sc.budget,
                                min_stint_ms=sc.stint_ms, max_best_effort_wait_ms=sc.best_effort_wait_ms,
-                               slo_classes=CLASSES_JSON, prefetch=False, eager_sync=False)
-        self.rt = RotaSchedRuntime(self.sched, cfg)
+                               slo_classes=CLASSES_JSON, prefetch=False, eager_sync=False,
+                               running_reserve=sc.running_reserve)
+        self.rt = RotaSchedRuntime(self.sched, cfg, engine=self.engine)
         self.batch = Batch()
         self.rows = list(range(1, ROWS))
         self.reqs: dict[str, FakeReq] = {}
@@ -318,9 +319,9 @@ class Sim:
                         max_best_effort_wait_s=sc.best_effort_wait_ms / 1000.0,
                         # the profile's costs: the scenario is scripted around them (a meter learning
                         # from a dozen steps would cap nothing); the server is handed the same costs
-                        measured_costs=False)
+                        measured_costs=False, running_reserve=sc.running_reserve)
         self.ratio = sc.ratio
-        self.sim = Simulator(Workload(tuple(specs), "test"), prof, RotaSched("duplex", mode=policy), cfg)
+        self.sim = Simulator(Workload(tuple(specs), "test"), prof, RotaSched("duplex", policy=policy), cfg)
         self.by_rid = {r.spec.rid: r for r in self.sim.reqs}
         self.plan: Any = None
         self.admitted: list[str] = []
@@ -449,7 +450,7 @@ def run_scenario(mp: pytest.MonkeyPatch, sc: Scenario, policy: str) -> list[Any]
             (s_args, s_dec), (m_args, m_dec) = rec.calls["server"][-1], rec.calls["sim"][-1]
             assert len(rec.calls["server"]) == len(rec.calls["sim"])
             _compare_views(list(s_args[0]), list(m_args[0]), policy, where)
-            # free blocks, budget, now, VLT params, goodput params, chunked prefill active
+            # free blocks, budget, now, VLT params, the step's policy (its costs), chunked prefill active
             assert s_args[1:] == m_args[1:], (where, s_args[1:], m_args[1:])
             assert s_dec == m_dec, where
             assert srv.order == [r.spec.rid for r in sim.plan.admit], where
@@ -472,7 +473,8 @@ def _decodes(*times: float) -> tuple[tuple[Any, ...], ...]:
 
 # Three requests fill most of a 200-token pool (held: prompt + max_new tokens each); three more
 # arrive while the first ones' decode steps come late (missed TBT gaps: a and b lose their TBT
-# SLOs, c's 500 ms one holds). Then planner steps.
+# SLOs, c's 500 ms one holds). Then planner steps. Running requests keep SGLang's whole decode
+# reserve (running_reserve 1), so memory is short at every step.
 CONTENTION = Scenario(
     "contention",
     (Req("a", 0.0, 24, 40, "interactive"), Req("b", 0.0, 20, 40, "standard"), Req("c", 0.0, 28, 30, "batch"),
@@ -501,8 +503,10 @@ def test_server_and_simulator_decide_the_same(monkeypatch: pytest.MonkeyPatch, s
 
 # The same script under other server settings: SGLang's new-token ratio instead of ignore_eos
 # (reserves shrink, so who fits changes), a 1 s starvation bound (goodput promotes best-effort
-# requests), and a 100 ms rotation quantum (young running requests are not victims).
+# requests), a 100 ms rotation quantum (young running requests are not victims), and the
+# policy's own running reserve (goodput: running requests keep back less, more are admitted).
 VARIANTS = [dataclasses.replace(CONTENTION, name="ratio", ratio=0.5),
+            dataclasses.replace(CONTENTION, name="running-reserve", running_reserve=None),
             dataclasses.replace(CONTENTION, name="promotion", best_effort_wait_ms=1000.0),
             dataclasses.replace(CONTENTION, name="quantum", stint_ms=100.0)]
 
@@ -513,5 +517,5 @@ def test_variants_decide_the_same(monkeypatch: pytest.MonkeyPatch, sc: Scenario,
     decisions = run_scenario(monkeypatch, sc, policy)
     assert any(not d.is_noop for d in decisions)  # the planner moved somebody: not a vacuous match
     base = run_scenario(monkeypatch, CONTENTION, policy)
-    if sc.name == "promotion" and policy == "goodput":
-        assert decisions != base  # the bound changed what goodput did
+    if sc.name in ("promotion", "running-reserve") and policy == "goodput":
+        assert decisions != base  # the bound, or the smaller reserve, changed what goodput did

@@ -9,9 +9,8 @@ from typing import Any
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
-from superinfer_sgl.integration.prefetch import Prefetcher
-from superinfer_sgl.integration.runtime import RotaSchedRuntime, RotationStats
-from superinfer_sgl.rotasched import DEFAULT_CLASSES, Decision, Slo, SloClasses, VltParams
+from superinfer_sgl.integration.runtime import RotaSchedRuntime
+from superinfer_sgl.rotasched import Decision, Slo
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import StepCosts
 from superinfer_sgl.rotasched.planner import rotation_budget
@@ -50,22 +49,13 @@ class FakeTree:
 
 
 def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
-    rt = object.__new__(RotaSchedRuntime)
-    cfg = SuperInferConfig()
-    rt.cfg, rt.params = cfg, VltParams()
-    rt.meter = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
-    rt.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
-    rt.classes = SloClasses.parse(DEFAULT_CLASSES, default=rt.default_slo)
-    rt.bt, rt.clocks, rt.rotary, rt.resume_locks, rt.budget = 16, {}, {}, {}, 2400
-    rt.prefetcher = Prefetcher(rt)
-    rt.stats, rt.iteration, rt.rotate_every, rt.hold_rotary = RotationStats(), 0, 0, 0
-    rt.verify, rt.digests, rt.metrics = False, {}, None
-    rt.engine = FakeEngine()  # type: ignore[assignment]
+    """The real constructor on a fake scheduler and engine: it does no I/O (startup.create_runtime does)."""
     requeued: list[FakeReq] = []
-    rt._decision = Decision()
-    rt.sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
-                               chunked_prefill_size=512,
-                               _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
+    sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
+                            chunked_prefill_size=512, max_total_num_tokens=10_000_000,
+                            _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
+    rt = RotaSchedRuntime(sched, SuperInferConfig(), engine=FakeEngine())  # type: ignore[arg-type]
+    assert rt.budget == 2400 and rt.metrics is None  # the paper's budget: the pool is large
     return rt
 
 

@@ -111,14 +111,12 @@ class Harness:
         import sglang.srt.managers.schedule_batch as sb
 
         monkeypatch.setattr(sb, "release_req", self._release)
-        monkeypatch.setattr(RotaSchedRuntime, "_init_engine", lambda rt: setattr(rt, "engine", self.engine))
-        monkeypatch.setattr(RotaSchedRuntime, "_init_metrics", lambda rt: None)
         config = SuperInferConfig(rotary_block_tokens=BT, rotation_budget_blocks=64, **cfg)
-        self.rt = RotaSchedRuntime(self.sched, config)
+        self.rt = RotaSchedRuntime(self.sched, config, engine=self.engine)
         self.batch = Batch([])
         self.kv: dict[str, list[torch.Tensor]] = {}  # expected bytes of each request's restorable tokens
         self.decisions: list[Decision] = []
-        self.rt._decide = lambda views, running_batch, now: self.decisions.pop(0)  # type: ignore[method-assign]
+        self.rt._decide = lambda views, running_batch, now, policy: self.decisions.pop(0)  # type: ignore[method-assign]
         self.rotate_calls: list[dict[str, Any]] = []
         real_rotate = self.engine.rotate
 

@@ -1,25 +1,13 @@
 """Speed work must not change results: pinned fingerprints of simulation runs.
 
 The hashes cover every policy and the LVF variants (no ignore_eos, min stint 2 s, the paper's
-rule without a rotation quantum, mixed chunk, lookahead, small budget with beta_tbt). First taken
-before the speed work (2026-11-22, unchanged by it); re-pinned the same day for deliberate model
-changes: the runtime's admission order, the rotation quantum as the default, no rotation right
-after a mixed chunk, head-of-line LVF, idle resume, prefix cache and per-resume cost fields; re-pinned 2026-11-23 for the H100 profile's
-link and step, now measured on our GPU machine (scripts/profile_from_gpu.py). A fingerprint covers every request's clock, every gap, the counters and the
-summary, bit for bit (`superinfer_sgl/sim/fingerprint.py`). The full set, including the 120 s
-speed runs, is checked with
+rule without a rotation quantum, mixed chunk, lookahead, small budget with beta_tbt). A fingerprint
+covers every request's clock, every gap, the counters and the summary, bit for bit
+(`superinfer_sgl/sim/fingerprint.py`). The full set, including the 120 s speed runs, is checked with
 `python -m superinfer_sgl.sim.fingerprint check results/sim_fingerprints_small.json` (and
-`... results/sim_fingerprints_speed.json --cases speed`). If a deliberate behaviour change moves
-them, re-pin from a run of the changed code and say why in the change. Re-pinned 2026-11-23 when
-the summary gained `ttft_max_s` (every hash moves; every run's other numbers were checked unchanged
-first) and the goodput policy's cases were added; re-pinned the same day when goodput mode gained
-its prefill cap, and again when goodput's step costs took a prefill's fixed time as beyond the
-decode step it rides with, and 2026-11-24 when the cap gained its margins (CAP_TBT_SHARE,
-SPARE_MISSES), and 2026-11-25 when best-effort requests became a longest-output-first queue and
-again when the simulator's goodput took its step costs from the server's cost meter by default,
-and 2026-11-26 when goodput's step cap gained the TTFT deadline budget (`goodput.deadline_budget`)
-(only the goodput cases moved each time; the speed file, not re-pinned for `ttft_max_s` before,
-was re-pinned with it).
+`... results/sim_fingerprints_speed.json --cases speed`). A deliberate behaviour change that moves
+them is re-pinned from a run of the changed code, saying in its commit which cases moved and why
+(`git log -p` on this file and results/sim_fingerprints_*.json holds that history).
 Float results are bit-exact on one platform (x86-64 CPython 3.11 here), not across all.
 """
 
@@ -47,8 +35,8 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "f8b62a18338a41a139c6abfc6c3f3ac03b83b02f96556952d6bdefd45ad3edfb",
-    "gh200-qwen2.5-32b/goodput/15": "645f94eac4c7bc9032fd4b2a455e6ce01dd7ad9d29bd7dbdad3d81b7d052ab8d",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "bc3cc48cd7dc6214a2643ea3f89bc87cb3938de4a0082deb2545316c3215be36",
+    "gh200-qwen2.5-32b/goodput/15": "02e2d7da125bffba41552291c8fd287f8f3be99dcfac4372a01cc3be7846cbdf",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }
 CASES = {c[0]: c for c in small_cases()}

@@ -127,7 +127,7 @@ def test_earlier_prefixes_equal_brute_force(seqs: list[list[int]]) -> None:
 def test_the_default_rotation_quantum_is_the_servers() -> None:
     from superinfer_sgl.config import SuperInferConfig
 
-    # Both leave the quantum to the policy's default (rotasched.goodput.quantum_s).
+    # Both leave the quantum to the policy's default (rotasched.planner.quantum_s).
     assert SimConfig().min_stint_s is None and SuperInferConfig().min_stint_ms is None
     # B waits: A has not run 5 s yet, so it is not a victim (under the paper's rule it would be).
     specs = [RequestSpec("r0", 0.0, 10, 200, 0.2, 0.1), RequestSpec("r1", 0.05, 10, 6, 0.2, 0.1)]
@@ -184,6 +184,12 @@ def test_replay_of_an_ab_runs_the_policy_and_quantum_the_server_ran() -> None:
     assert system_config(cfg, "new", "goodput", 4096).min_stint_s is None  # the policy's default
     assert system_config(cfg, "stint", "lvf-duplex", 4096).min_stint_s == 5.0
     assert system_config(cfg, "old", "lvf-duplex", 4096).min_stint_s == 0.0  # before the quantum
+    # --running-reserve: as given, else the policy's; an A/B from before the option kept SGLang's
+    cfg["server_commands"]["share"] = [*ours, "--policy", "goodput", "--running-reserve", "0.7"]
+    assert system_config(cfg, "share", "goodput", 4096).running_reserve == 0.7
+    assert system_config(cfg, "new", "goodput", 4096).running_reserve == 1.0  # no date: an old A/B
+    cfg["date_utc"] = "2026-11-28T02:00:00+00:00"
+    assert system_config(cfg, "new", "goodput", 4096).running_reserve is None
 
 
 def test_a_class_weight_reaches_the_policys_views() -> None:

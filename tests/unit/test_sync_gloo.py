@@ -1,7 +1,7 @@
 """The TP decision broadcast across two real processes over a gloo CPU process group.
 
 `--tp-size 2` does not start on this CPU (SGLang builds a NCCL communicator for its model-parallel
-group, docs/deploy.md), so this runs the server's own broadcaster (`RotaSchedRuntime._broadcaster`,
+group, docs/deploy.md), so this runs the server's own broadcaster (`integration.startup.broadcaster`,
 SGLang's `broadcast_pyobj`) over the kind of group SGLang gives a scheduler as `tp_cpu_group`
 (`torch.distributed.new_group(backend="gloo")`), in two spawned processes, with `DecisionSync` on
 top: rank 0 decides, rank 1 adopts, even where rank 1's clock would have decided otherwise.
@@ -33,7 +33,7 @@ def _decide_at(now: float, n: int):
 def _rank_main(rank: int, port: int, out: mp.Queue) -> None:
     import torch.distributed as dist
 
-    from superinfer_sgl.integration.runtime import RotaSchedRuntime
+    from superinfer_sgl.integration.startup import broadcaster
     from superinfer_sgl.rotasched import DecisionSync
 
     try:
@@ -41,7 +41,7 @@ def _rank_main(rank: int, port: int, out: mp.Queue) -> None:
                                 world_size=WORLD)
         group = dist.new_group(backend="gloo")
         sched = SimpleNamespace(tp_rank=rank, tp_size=WORLD, tp_cpu_group=group)
-        broadcast = RotaSchedRuntime._broadcaster(SimpleNamespace(sched=sched))
+        broadcast = broadcaster(sched)
         sync = DecisionSync(rank, broadcast)
         calls = 0
         got = []

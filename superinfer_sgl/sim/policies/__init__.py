@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from superinfer_sgl.registry import Registry
 from superinfer_sgl.sim.policies.base import Plan, Policy, Victim
 from superinfer_sgl.sim.policies.oracle import Oracle
 from superinfer_sgl.sim.policies.rotasched import RotaSched
 from superinfer_sgl.sim.policies.sglang import SGLangFCFS, SGLangPriority
 from superinfer_sgl.sim.policies.vllm import VllmSwap
 
-POLICIES: dict[str, Callable[[], Policy]] = {
+POLICIES: Registry[Callable[[], Policy]] = Registry("simulator policy", {
     "sglang": SGLangFCFS,
     "sglang-priority": SGLangPriority,
     "vllm-swap-waiting-first": lambda: VllmSwap(swapped_first=False),
@@ -21,17 +22,14 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "lvf-naive-direct": lambda: RotaSched("naive", direct_resume=True),
     "lvf-duplex-direct": lambda: RotaSched("duplex", direct_resume=True),
     # Our server as shipped (--policy goodput / paper): DuplexKV, its default quantum.
-    "goodput": lambda: RotaSched("duplex", mode="goodput", name="goodput"),
-    "paper": lambda: RotaSched("duplex", mode="paper", name="paper"),
+    "goodput": lambda: RotaSched("duplex", policy="goodput", name="goodput"),
+    "paper": lambda: RotaSched("duplex", policy="paper", name="paper"),
     "oracle": Oracle,
-}
+})
 
 
 def make_policy(name: str) -> Policy:
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return POLICIES[name]()  # an unknown name: a ValueError listing the known ones
 
 
 __all__ = ["POLICIES", "Plan", "Policy", "Victim", "make_policy"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS
+from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, waiting_need
 from superinfer_sgl.sim.profile import Profile
 from superinfer_sgl.sim.request import SimReq
 from superinfer_sgl.sim.settings import SimConfig
@@ -94,10 +94,9 @@ class Policy:
         return sim.free_tokens - held
 
     def admission_need(self, sim: SimState, r: SimReq) -> float:
+        """SGLang's PrefillAdder: the extend plus the whole clipped reserve (ratio 1, an int)."""
         spec, outputs = r.spec, r.outputs
-        left = spec.output_tokens - outputs  # r.remaining
-        # r.extend + min(r.remaining, CLIP_MAX_NEW_TOKENS)
-        return spec.prompt_tokens + outputs - r.kv + (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
+        return waiting_need(spec.prompt_tokens, outputs, r.kv, spec.output_tokens - outputs, 1)
 
     def max_running(self, sim: SimState) -> int:
         return sim.profile.server.max_running_requests

@@ -15,13 +15,17 @@ from __future__ import annotations
 import math
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.costs import CostMeter
-from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts, quantum_s
+from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 from superinfer_sgl.rotasched.planner import (
     CLIP_MAX_NEW_TOKENS,
+    POLICIES,
     admission_order,
     chunk_tokens,
     plan_step,
+    quantum_s,
     reserve_tokens,
+    running_reserve_ratio,
+    waiting_need,
 )
 from superinfer_sgl.sim.policies.base import Plan, Policy, SimState
 from superinfer_sgl.sim.request import SimReq
@@ -30,15 +34,16 @@ from superinfer_sgl.sim.request import SimReq
 class RotaSched(Policy):
     """`direct_resume`: a what-if, not our runtime. Resumed requests join the decode batch at once
     (as vLLM's swap-in does, and the paper's implementation on vLLM) instead of being re-admitted
-    through a prefill iteration with a one-token extend (our runtime's radix-tree path)."""
+    through a prefill iteration with a one-token extend (our runtime's radix-tree path).
+    `policy`: the server's --policy (`planner.POLICIES`)."""
 
-    def __init__(self, transfer: str, direct_resume: bool = False, mode: str = "paper",
+    def __init__(self, transfer: str, direct_resume: bool = False, policy: str = "paper",
                  name: str | None = None) -> None:
         assert transfer in ("naive", "batched", "duplex"), transfer
-        assert mode in ("paper", "goodput"), mode
         self.transfer = transfer
         self.resume_to_running = direct_resume
-        self.mode = mode
+        self.policy = policy
+        self.policy_class = POLICIES[policy]
         self.name = name or f"lvf-{transfer}" + ("-direct" if direct_resume else "")
         self.last_decision: Decision | None = None
         self._short: bool | None = None
@@ -50,8 +55,8 @@ class RotaSched(Policy):
         cfg, now = sim.config, sim.now
         views = self._views(sim)
         free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
-        gp = self._goodput(sim) if self.mode == "goodput" else None
-        d = plan_step(views, free, cfg.budget_blocks, now, cfg.vlt, gp, sim.chunked is not None)
+        policy = self.policy_class.for_step(lambda: self._goodput(sim))
+        d = plan_step(views, free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
@@ -65,9 +70,9 @@ class RotaSched(Policy):
                     chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d))
 
     def _quantum(self, sim: SimState) -> float:
-        """The rotation quantum: the configured one, else the server's default for this mode."""
+        """The rotation quantum: the configured one, else the server's default for this policy."""
         stint = sim.config.min_stint_s
-        return quantum_s(self.mode, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
+        return quantum_s(self.policy, None if stint is None else stint * 1000.0, sim.profile.step.per_resume_s)
 
     def _goodput(self, sim: SimState) -> GoodputParams:
         """The step costs the server measures: what its CostMeter makes of the simulated steps
@@ -95,39 +100,52 @@ class RotaSched(Policy):
             self._meter.observe_step(*last)
         return self._meter.costs
 
+    # ---- admission (SGLang's PrefillAdder under our patch: patches/running_reserve.py) --------
+    def running_ratio(self, sim: SimState) -> float:
+        """The new-token ratio of a running request's reserve (planner.running_reserve_ratio)."""
+        share = sim.config.running_reserve
+        return running_reserve_ratio(sim.config.ignore_eos, sim.new_token_ratio,
+                                     self.policy_class.running_reserve if share is None else share)
+
+    def admission_room(self, sim: SimState) -> float:
+        return sim.free_tokens - self._running_reserve(sim)
+
     # ---- views (runtime._views) --------------------------------------------------------------
     def _running_reserve(self, sim: SimState) -> float:
-        ratio, clip = sim.new_token_ratio, CLIP_MAX_NEW_TOKENS
+        ratio, clip = self.running_ratio(sim), CLIP_MAX_NEW_TOKENS
         # sum of _reserve(r, ratio), inlined: this runs over the running batch every iteration
         held = sum([((left if (left := r.spec.output_tokens - r.outputs) < clip else clip) * ratio)
                     for r in sim.running])
-        return held + (_reserve(sim.chunked, ratio) if sim.chunked is not None else 0.0)
+        return held + (_reserve(sim.chunked, sim.new_token_ratio) if sim.chunked is not None else 0.0)
 
     def _views(self, sim: SimState) -> list[ReqView]:
         """The engine clears a request's cached view whenever it moves. While it stays put its
         blocks only change with SGLang's new-token ratio (or past the 4096-token reserve clip),
-        so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked; and a
+        so with ratio 1 (ignore_eos) and short outputs a cached view is reused unchecked (a running
+        one only while its own reserve keeps every remaining output: `running_ratio` 1); and a
         running request, once rotatable, stays rotatable until it moves (its outputs and the
         iteration only grow, its prefill iteration and stint start are fixed)."""
         bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
+        run_ratio = self.running_ratio(sim)
         exact = ratio == 1.0 and self._short_outputs(sim)
+        exact_running = exact and run_ratio == 1.0
         young = sim.now - self._quantum(sim)
         views: list[ReqView] = []
         add = views.append
-        # Goodput mode reads a running request's gap budget, which moves with every step.
-        fresh = self.mode == "goodput"
+        # A policy that reads a running request's gap budget, which moves with every step.
+        fresh = self.policy_class.reads_running_progress
         for r in sim.running:
             v = r.view
-            if exact and not fresh and v is not None and v.rotatable:
+            if exact_running and not fresh and v is not None and v.rotatable:
                 add(v)
                 continue
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
             if fresh:
-                add(_make_view(r, _RUNNING, 0, -(-(r.ctx + _reserve(r, ratio)) // bt), rotatable))
+                add(_make_view(r, _RUNNING, 0, -(-(r.ctx + _reserve(r, run_ratio)) // bt), rotatable))
                 continue
-            if v is None or v.rotatable is not rotatable or not exact:
-                held = -(-(r.ctx + _reserve(r, ratio)) // bt)
+            if v is None or v.rotatable is not rotatable or not exact_running:
+                held = -(-(r.ctx + _reserve(r, run_ratio)) // bt)
                 if v is None or v.rotatable is not rotatable or v.blocks_held != held:
                     v = r.view = _make_view(r, _RUNNING, 0, held, rotatable)
             add(v)
@@ -135,7 +153,7 @@ class RotaSched(Policy):
             for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
                 v = r.view
                 if v is None:
-                    v = _pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt)
+                    v = _pending_view(r, _WAITING, _waiting_need(r, ratio), bt)
                 add(v)
             for r in sim.rotary.values():
                 v = r.view
@@ -144,7 +162,7 @@ class RotaSched(Policy):
                 add(v)
         else:
             for r in sim.waiting:
-                add(_pending_view(r, _WAITING, r.ctx - r.kv + _reserve(r, ratio), bt))
+                add(_pending_view(r, _WAITING, _waiting_need(r, ratio), bt))
             for r in sim.rotary.values():
                 add(_pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt))
         return views
@@ -171,8 +189,13 @@ def _reserve(r: SimReq, ratio: float) -> float:
     return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
 
 
+def _waiting_need(r: SimReq, ratio: float) -> float:
+    """integration.views.waiting_need: what is not resident (`kv`, a restored prefix) plus the reserve."""
+    return waiting_need(r.spec.prompt_tokens, r.outputs, r.kv, r.spec.output_tokens - r.outputs, ratio)
+
+
 def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
-    """runtime._view. A cached RUNNING view (paper mode) keeps the last_token and outputs_left
+    """runtime._view. A cached RUNNING view (paper policy) keeps the last_token and outputs_left
     it was built with: LVF reads them only for non-running requests."""
     c = r.clock
     # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,

@@ -1,0 +1,91 @@
+"""The runtime's I/O, done once when a scheduler starts: `create_runtime` opens the rotation engine
+(host pool, KV link probe), the metrics and the TP broadcast, and hands them to `RotaSchedRuntime`,
+whose constructor does none of it (tests build it with fakes directly, as vLLM's create_scheduler).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import SuperInferConfig
+from ..duplexkv.engine import RotationEngine
+from ..duplexkv.host_pool import HostKVPool
+from ..duplexkv.link_probe import measure_link
+from .kv_adapter import UnsupportedKVPool, device_pool_view
+from .runtime import RotaSchedRuntime
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST_RAM_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    engine: RotationEngine | None
+    disabled_reason: str | None = None  # why rotation is off (engine None), for the handshake
+    link_bytes_per_s: float | None = None  # measured at startup when the budget is auto
+
+
+def create_runtime(sched: Any, cfg: SuperInferConfig) -> RotaSchedRuntime:
+    """The runtime of one scheduler (rank), with everything it needs from outside opened."""
+    setup = open_engine(sched, cfg) if cfg.scheduler == "rotasched" else EngineSetup(None)
+    rt = RotaSchedRuntime(sched, cfg, engine=setup.engine, metrics=open_metrics(),
+                          broadcast=broadcaster(sched), link_bytes_per_s=setup.link_bytes_per_s,
+                          disabled_reason=setup.disabled_reason)
+    if rt.engine is not None:
+        host = rt.engine.host_pool
+        logger.info("superinfer: host rotary pool %d blocks x %d tokens of %s (%.2f GiB), transfer=%s, "
+                    "rotation budget %d blocks/iteration%s", host.num_blocks, cfg.rotary_block_tokens,
+                    host.store_dtype, host.num_blocks * host.bytes_per_block / 2**30, rt.engine.transfer,
+                    rt.budget, "" if rt.link_bytes_per_s is None else " until a decode step is measured (auto)")
+    return rt
+
+
+def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
+    """The rotation engine over SGLang's device KV pool and a new host pool, or why there is none."""
+    tree = sched.tree_cache
+    if getattr(tree, "disable", False) or not tree.supports_prefix_sharing():
+        reason = "radix cache disabled: rotation needs it; using recompute only"
+        logger.warning("superinfer: %s", reason)
+        return EngineSetup(None, reason)
+    try:
+        dev = device_pool_view(sched.token_to_kv_pool_allocator.get_kvcache())
+    except UnsupportedKVPool as exc:
+        logger.warning("superinfer: rotation disabled: %s", exc)
+        return EngineSetup(None, str(exc))
+    host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
+                                 free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
+    engine = RotationEngine(dev, host, cfg.kv_transfer)
+    link = None
+    if cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
+        link = measure_link(engine)
+        logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", link / 1e9)
+    return EngineSetup(engine, None, link)
+
+
+def open_metrics() -> Any:
+    """The Prometheus series, when SGLang runs with --enable-metrics; else None."""
+    from sglang.srt.runtime_context import get_observability
+
+    if not get_observability().enable_metrics:
+        return None
+    from .metrics import RotaSchedMetrics
+
+    return RotaSchedMetrics()
+
+
+def broadcaster(sched: Any) -> Callable[[object], object]:
+    """Rank 0's object to every TP rank (`rotasched.DecisionSync`); the identity without TP."""
+    tp_size = getattr(sched, "tp_size", 1)
+    if tp_size <= 1:
+        return lambda obj: obj
+    from sglang.srt.utils import broadcast_pyobj
+
+    def broadcast(obj: object) -> object:
+        data = broadcast_pyobj([obj], sched.tp_rank, sched.tp_cpu_group, src=0)
+        return data[0]
+
+    return broadcast
