@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """A/B benchmark: stock SGLang vs superinfer_sgl, driven by SGLang's own load generator.
 
-    python scripts/ab_bench.py --profile cpu            # SmolLM2 on CPU, ~20 min
-    python scripts/ab_bench.py --profile smoke          # CI-sized, ~4 min
+    python scripts/ab_bench.py --profile cpu            # SmolLM2 on CPU (calibrated)
+    python scripts/ab_bench.py --profile smoke          # CI-sized
     python scripts/ab_bench.py --profile gpu --dry-run  # random-weight Llama-3-8B shape on a GPU
     python scripts/ab_bench.py --profile cpu --noise    # stock vs stock: run-to-run noise
 

@@ -13,52 +13,14 @@ set -u
 OUT=${OUT:-results/gpu_server}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-560}                  # seconds for the whole script (the device call's limit minus a margin)
 t0=$(date +%s); left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
-B=$(pwd)/.gpu_bundle; R=${SG_ROOT:-$HOME/sg}; W=$(mktemp -d); mkdir -p "$R"
-export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
-export TVM_FFI_CACHE_DIR=$R/cache/tvm-ffi XDG_CACHE_HOME=$R/cache HF_HUB_OFFLINE=1
-# SGLang's Rust radix-tree core is built for torch 2.14: on the image's torch 2.11 its binding reads an
-# int64 KV-index tensor as "Float" and the first prefill fails (seen 2026-11-26, stock scheduling too).
-export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
-unset TRITON_INTERPRET
+B=$(pwd)/.gpu_bundle; R=${SG_ROOT:-$HOME/sg}; W=$(mktemp -d)
+# the stack (bundle, stand-ins, this project, one bytecode compile): shared with scripts/gpu_ab.sh
+. scripts/gpu_stack.sh
 finish() { tar -czf "$OUT/logs.tgz" -C "$W" . 2>/dev/null; echo "total: $(( $(date +%s) - t0 ))s"; }
 trap finish EXIT
 # 1. the stack
-[ -d $R/site ] || tar -C $R -xJf $B/sgl523_t211_site.tar.xz || exit 1
-[ -d $R/model ] || tar -C $R -xJf $B/model.tar.xz || exit 1
-# SGLang 0.5.23 builds a DualGemm for every Llama MLP on CUDA and imports its Blackwell-only CuTe DSL
-# kernel module for that, which needs nvidia-cutlass-dsl (not in the image, too large to carry). On Hopper
-# the kernel is never usable (tcgen05), so where cutlass is missing a module that says so stands in.
-DG=$R/site/sglang/kernels/ops/gemm/cutedsl_dual_gemm.py
-if ! python3 -c "import cutlass" 2>/dev/null && ! grep -q "stands in" $DG; then cat > $DG <<'EOF2'
-"""Stands in for SGLang's Blackwell dual GEMM (needs nvidia-cutlass-dsl): never usable here."""
-from enum import IntEnum
-MAX_DUAL_GEMM_DECODE_TOKENS = 16
-class DualGemmQuantMode(IntEnum):
-    STATIC_PER_TENSOR = 0
-    STATIC_PER_TOKEN = 1
-    DYNAMIC_PER_TENSOR = 2
-    DYNAMIC_PER_TOKEN = 3
-    UNQUANT = 4
-    @property
-    def is_quantized(self) -> bool:
-        return self != DualGemmQuantMode.UNQUANT
-def can_use_dual_gemm(num_tokens, hidden_size, intermediate_size, quant_mode) -> bool:
-    return False
-EOF2
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $R/site . >$W/install.txt 2>&1 \
-  || { echo "project install failed"; tail -20 $W/install.txt; exit 1; }
-export PYTHONPATH=$R/site${PYTHONPATH:+:$PYTHONPATH}
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 - <<'EOF'
-import importlib.metadata as md, torch, triton, sgl_kernel
-print("torch", torch.__version__, "triton", triton.__version__, "sgl_kernel", sgl_kernel.__version__,
-      "sglang", md.version("sglang"), "superinfer-sgl", md.version("superinfer_sgl"))
-x = torch.randn(64, 576, device="cuda", dtype=torch.bfloat16); w = torch.ones(576, device="cuda", dtype=torch.bfloat16)
-ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
-print("sgl_kernel.rmsnorm max err", (sgl_kernel.rmsnorm(x, w, 1e-6) - ref).abs().max().item())
-EOF
-} 2>&1 | tee "$OUT/device.txt"
+gpu_stack_setup || exit 1
+gpu_stack_report 2>&1 | tee "$OUT/device.txt"
 python3 -c "from pathlib import Path; from superinfer_sgl.bench.profiles import make_dummy_model as m
 m('llama3-8b', Path('$R/model'), Path('$R'))" || exit 1
 echo "stage 1 done at $(( $(date +%s) - t0 ))s"

@@ -1,7 +1,7 @@
 """Scale SLOs, rates and request count to the machine's measured speed (cpu profile).
 
-A shared 2-core VM runs SmolLM2 anywhere from ~50 ms to ~2 s per decode step depending on what
-else runs on it, so fixed CPU SLOs would be either trivially met or never met. Before the sweep we
+A shared CPU machine's decode step time moves by an order of magnitude with what else runs on it,
+so fixed CPU SLOs would be either trivially met or never met. Before the sweep we
 probe the first (stock) server, then derive everything time-like from the measurement:
 
   B          = KV budget / (mean prompt + mean output tokens): the batch at which memory binds
@@ -54,6 +54,10 @@ class CalibrationKnobs:
     rate_multipliers: tuple[float, ...] = (0.6, 1.0, 1.4, 2.0)
     budget_s: float = 1200.0
     min_requests: int = 16
+    # the speed probe: batch sizes, tokens generated per request, runs per batch size (fastest kept)
+    probe_batches: tuple[int, ...] = (1, 4, 8)
+    probe_out_tokens: int = 24
+    probe_repeats: int = 2
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ def probe(url: str, texts: Sequence[str], prompt_tokens: int, out_tokens: int = 
 
     Each batch size runs `repeats` times and keeps its fastest median gap (and the fastest lone
     TTFT): on a shared machine a probe is only ever slowed down by others, never sped up, and one
-    slowed probe (seen: batch 1 at 306 ms where batch 4 took 59 ms) would scale every SLO."""
+    slowed probe would scale every SLO."""
     need = probe_prompts(batches, repeats)
     assert len(texts) >= need, f"probe needs {need} prompts"
     _concurrent(url, texts[:1], out_tokens)  # warm the server's first-request paths

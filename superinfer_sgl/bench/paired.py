@@ -1,7 +1,7 @@
 """Paired mode (`--paired`): two systems at the same time, on the same arrival schedule, each on
 its own cores.
 
-Why: this VM's speed moves 15-40% within minutes. Run side by side, a slow phase of the machine
+Why: a shared machine's speed drifts within minutes. Run side by side, a slow phase of the machine
 hits both systems of a pair at once, so their difference keeps little of it; run one after the
 other, it lands on one system only.
 
@@ -17,21 +17,20 @@ not favour one system.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from .servers import SystemSpec, noise_twin_name
 
-OURS = "superinfer"
-
-
 def pairs_for(systems: Sequence[SystemSpec]) -> list[tuple[SystemSpec, SystemSpec]]:
-    """(A, B) pairs, B - A being the difference reported: every baseline against ours (ours is B),
-    and stock against its twin (the A/A pair). Without ours, the systems pair up in order."""
+    """(A, B) pairs, B - A being the difference reported: every baseline against each of our
+    systems (ours is B), and stock against its twin (the A/A pair). Without ours, the systems pair
+    up in order."""
     by_name = {s.name: s for s in systems}
     twin = noise_twin_name("sglang")
     pairs: list[tuple[SystemSpec, SystemSpec]] = []
-    if OURS in by_name:
-        pairs += [(s, by_name[OURS]) for s in systems if s.name not in (OURS, twin)]
+    ours = [s for s in systems if s.ours]
+    if ours:
+        pairs += [(s, o) for o in ours for s in systems if not s.ours and s.name != twin]
     if twin in by_name and "sglang" in by_name:
         pairs.append((by_name["sglang"], by_name[twin]))
     if not pairs:
@@ -49,21 +48,3 @@ def core_halves() -> tuple[frozenset[int], frozenset[int]]:
         raise ValueError(f"--paired needs at least 2 cores; this process may use {cores}")
     half = len(cores) // 2
     return frozenset(cores[:half]), frozenset(cores[half: 2 * half])
-
-
-def pin(pids: Iterable[int], cores: frozenset[int]) -> int:
-    """Pin every thread of the given processes to `cores`; returns how many threads were pinned.
-    (sched_setaffinity on a pid moves only that thread, so each task id is set.)"""
-    n = 0
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # the process is gone
-            continue
-        for tid in tids:
-            try:
-                os.sched_setaffinity(int(tid), cores)
-                n += 1
-            except OSError:  # the thread ended meanwhile
-                continue
-    return n

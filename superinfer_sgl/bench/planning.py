@@ -17,7 +17,8 @@ import numpy as np
 
 from ..config import SuperInferConfig
 from ..rotasched.slo import Slo, SloClasses
-from .calibrate import Calibration
+from .calibrate import Calibration, CalibrationKnobs
+from .paired import core_halves, pairs_for
 from .profiles import PROFILES, Profile, make_dummy_model
 from .servers import SystemSpec, noise_twin, shared_flags, systems
 from .traces import LengthFit, load_trace, to_requests
@@ -112,8 +113,23 @@ def resolve_profile(a: argparse.Namespace) -> Profile:
         env=_with_env(p.env, CPU_ATTENTION_ENV, a.cpu_attention),
         # explicit SLOs or rates switch calibration off unless --calibrate asks for it
         calibrate=p.calibrate if a.calibrate is None and not explicit_time else bool(a.calibrate),
-        knobs=dataclasses.replace(p.knobs, budget_s=60.0 * a.budget_min) if a.budget_min else p.knobs,
+        knobs=_knobs(p, a),
+        ready_timeout_s=getattr(a, "ready_timeout", None) or p.ready_timeout_s,
     )
+
+
+def _knobs(p: Profile, a: argparse.Namespace) -> CalibrationKnobs:
+    knobs = p.knobs
+    if a.budget_min:
+        knobs = dataclasses.replace(knobs, budget_s=60.0 * a.budget_min)
+    if getattr(a, "rate_multipliers", None):
+        knobs = dataclasses.replace(knobs, rate_multipliers=tuple(a.rate_multipliers))
+    return knobs
+
+
+def explicit_slos(a: argparse.Namespace) -> bool:
+    """SLOs given on the command line: a calibrated run keeps them (and scales only rates and N)."""
+    return any(getattr(a, k, None) is not None for k in ("ttft_slo_ms", "tbt_slo_ms", "slo_classes"))
 
 
 def _with_env(env: tuple[tuple[str, str], ...], key: str, value: str | None) -> tuple[tuple[str, str], ...]:
@@ -219,8 +235,6 @@ def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
     plan = Plan(p, a, model, tok_path, reqs, points, pick_systems(a, p), shared, out, mode,
                 argv=["python", "scripts/ab_bench.py", *argv], notes=notes)
     if plan.paired:  # fail before any server starts
-        from .paired import core_halves, pairs_for
-
         pairs_for(plan.systems)
         core_halves()
     return plan, tokenizer
@@ -246,14 +260,16 @@ def mean_lengths(p: Profile, seed: int) -> tuple[float, float]:
 
 
 def recalibrated(plan: Plan, cal: Calibration, tokenizer: object) -> Plan:
-    """The same plan with SLOs (classes scaled alike), rates and request count from `cal`."""
+    """The same plan with SLOs (classes scaled alike), rates and request count from `cal`. SLOs
+    and rates given on the command line are kept as given (`explicit_slos`, --rates)."""
     p = plan.profile
-    f_ttft, f_tbt = cal.ttft_slo_ms / p.slo.ttft_ms, cal.tbt_slo_ms / p.slo.tbt_ms
-    classes = {name: {"ttft_ms": round(s.ttft_ms * f_ttft, 1), "tbt_ms": round(s.tbt_ms * f_tbt, 1)}
-               for name, s in SloClasses.parse(p.slo_classes, default=p.slo).items()}
-    keep_rates = plan.arrival_mode == "recorded"
-    p = dataclasses.replace(p, slo=Slo(cal.ttft_slo_ms, cal.tbt_slo_ms), slo_classes=json.dumps(classes),
-                            rates=p.rates if keep_rates else cal.rates, num_requests=cal.num_requests)
+    if not explicit_slos(plan.options):
+        f_ttft, f_tbt = cal.ttft_slo_ms / p.slo.ttft_ms, cal.tbt_slo_ms / p.slo.tbt_ms
+        classes = {name: {"ttft_ms": round(s.ttft_ms * f_ttft, 1), "tbt_ms": round(s.tbt_ms * f_tbt, 1)}
+                   for name, s in SloClasses.parse(p.slo_classes, default=p.slo).items()}
+        p = dataclasses.replace(p, slo=Slo(cal.ttft_slo_ms, cal.tbt_slo_ms), slo_classes=json.dumps(classes))
+    keep_rates = plan.arrival_mode == "recorded" or plan.options.rates is not None
+    p = dataclasses.replace(p, rates=p.rates if keep_rates else cal.rates, num_requests=cal.num_requests)
     reqs, notes = build_requests(plan.options, p, tokenizer)
     points, mode = build_points(plan.options, p, reqs)
     return dataclasses.replace(plan, profile=p, requests=reqs, points=points, arrival_mode=mode,

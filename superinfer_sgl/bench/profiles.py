@@ -1,11 +1,11 @@
 """Named benchmark setups. Every number a result depends on lives here (and lands in the JSON).
 
-smoke  CI: two rates, a few short requests, SmolLM2 on CPU (~3-4 min on 2 cores).
+smoke  CI: two rates, a few short requests, SmolLM2 on CPU.
 cpu    SmolLM2 on a 2-core CPU: KV budget small enough for memory pressure, SLOs scaled to CPU
-       decode speed, the whole A/B within ~20 minutes.
+       decode speed (calibrated), the whole A/B within its time budget.
 gpu    a Llama-3-8B- (or Qwen2.5-32B-) shaped model with random weights (--load-format dummy),
-       ShareGPT-like lengths, the paper's SLOs (TTFT 5 s, TBT 100 ms). Not run here (no machine
-       has both a GPU and sglang); argument building and --dry-run are tested on CPU.
+       ShareGPT-like lengths, the paper's SLOs (TTFT 5 s, TBT 100 ms); scripts/gpu_ab.sh runs it on
+       a lent GPU (argument building and --dry-run are tested on CPU).
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ PROFILES: dict[str, Profile] = {
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
         slo=Slo(4000, 500), slo_classes=CPU_CLASSES, class_mix="interactive:1,batch:1",
         our_flags=CPU_OUR_FLAGS, ready_timeout_s=600.0, run_timeout_s=600.0,
-        env=(("SUPERINFER_CPU_ATTENTION", "1"),), knobs=CalibrationKnobs(min_requests=4),
+        env=(("SUPERINFER_CPU_ATTENTION", "1"),),
+        # a calibrated smoke run (scripts/gpu_ab.sh --cpu-smoke) probes briefly: two batch sizes, once each
+        knobs=CalibrationKnobs(min_requests=4, probe_batches=(1, 4), probe_out_tokens=8, probe_repeats=1),
     ),
     "cpu": Profile(
         name="cpu", device="cpu", kv_tokens=1536, chunked_prefill=512, rates=(0.5, 0.8, 1.1, 1.5),

@@ -1,9 +1,8 @@
 """The sweep: start the servers, (calibrate,) run every point on every system, stop, report.
 
-Interleaved order (default): every server stays up (an idle SGLang server with --sleep-on-idle
-uses ~1% of a core) and each rate runs on every system back to back, the order alternating from
-rate to rate (A B, B A, ...), so slow drifts in a shared machine's background load hit both
-systems alike. Sequential order: one server at a time, all its rates ("in turn").
+Interleaved order (default): every server stays up (idle with --sleep-on-idle) and each rate runs
+on every system back to back, the order alternating from rate to rate (A B, B A, ...), so slow
+drifts in a shared machine's background load hit both systems alike. Sequential order: one server at a time, all its rates ("in turn").
 """
 
 from __future__ import annotations
@@ -11,12 +10,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
-import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,96 +22,17 @@ from tqdm import tqdm
 
 from superinfer_patches.step_log import STEP_LOG_ENV
 
+from . import kv_pool
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
 from .calibrate import Speed, derive, probe, probe_prompts
 from .paired import core_halves, pairs_for
-from .planning import Plan, SweepPoint, for_repeat, mean_lengths, recalibrated
-from .prompts import PromptBuilder, priority_by_ttft, write_dataset
+from .planning import Plan, SweepPoint, explicit_slos, for_repeat, mean_lengths, recalibrated
+from .prompts import PromptBuilder
+from .rundoc import dataset_for, describe, prepare_files
 from .report import check_targets, comparisons, noise_band, plot, pooled_results, render_markdown
-from .servers import ServerError, SystemSpec, command, launch, noise_twin_name
+from .servers import ServerError, SystemSpec, launch, noise_twin_name
 from .workloads import offered_rate
-
-
-def prepare_files(plan: Plan, tokenizer: Any) -> dict[str, Any]:
-    """Datasets (plain and with priorities), schedules and the request table, under out_dir."""
-    out = plan.out_dir
-    if (out / "schedules").is_dir():  # a previous run's extra points must not be mistaken for ours
-        for old in (out / "schedules").glob("*.json"):
-            old.unlink()
-    (out / "schedules").mkdir(parents=True, exist_ok=True)
-    builder = PromptBuilder(tokenizer)
-    lens = write_dataset(out / "dataset.jsonl", plan.requests, builder)
-    write_dataset(out / "dataset_priority.jsonl", plan.requests, builder, priority_by_ttft(plan.requests))
-    for i, pt in enumerate(plan.points):
-        (out / "schedules" / f"{i:02d}.json").write_text(json.dumps({"label": pt.label, "rate": pt.rate,
-                                                                      "arrivals_s": list(pt.arrivals)}))
-    return {"prompt_tokens": lens, "min_prompt_tokens": builder.min_tokens}
-
-
-def dataset_for(plan: Plan, spec: SystemSpec) -> Path:
-    return plan.out_dir / ("dataset_priority.jsonl" if spec.uses_priority else "dataset.jsonl")
-
-
-def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
-    """The reproducibility block of the JSON: what ran, how, where, when."""
-    p = plan.profile
-    prio = priority_by_ttft(plan.requests)  # sent only to the sglang-priority baseline
-    return {
-        "profile": p.name,
-        "workload": plan.workload,
-        "arrivals": plan.arrival_mode,
-        "argv": plan.argv,
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "model": plan.model,
-        "seed": plan.seed,
-        "num_requests": len(plan.requests),
-        "kv_tokens": p.kv_tokens,
-        "chunked_prefill": p.chunked_prefill,
-        "slo_default": {"ttft_ms": p.slo.ttft_ms, "tbt_ms": p.slo.tbt_ms},
-        "slo_classes": json.loads(p.slo_classes),
-        "shared_server_flags": plan.shared,
-        "shared_server_env": dict(p.env),
-        "server_commands": {s.name: command(s, plan.shared, 0)[1:] for s in plan.systems},
-        "load_generator": "sglang.benchmark.serving (bench_serving) cli_main, backend sglang-oai-chat, "
-                          "dataset openai; arrival schedule from our schedule files",
-        "bench_serving_args": bench_args("http://127.0.0.1:PORT", plan.out_dir / "dataset.jsonl",
-                                         len(plan.requests), plan.seed, Path("OUT.jsonl"), plan.tokenizer),
-        "requests": [
-            {"prompt_tokens": n, "output_tokens": r.output_tokens, "slo_class": r.slo_class,
-             "ttft_slo_ms": r.slo.ttft_ms, "tbt_slo_ms": r.slo.tbt_ms, "priority": prio(r)}
-            for r, n in zip(plan.requests, prompt_info["prompt_tokens"])
-        ],
-        "points": [{"label": pt.label, "rate": pt.rate, "offered_rate": offered_rate(pt.arrivals),
-                    "time_scale": pt.time_scale, "span_s": max(pt.arrivals)} for pt in plan.points],
-        "notes": plan.notes + list(p.notes),
-    }
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform()}
-    try:
-        from importlib.metadata import version
-
-        info["sglang"] = version("sglang")
-    except Exception:
-        pass
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                            text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
-    except Exception:
-        pass
-    return info
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -201,8 +119,8 @@ def plan_probe_tokens(plan: Plan) -> int:
 
 
 def point_probe(plan: Plan, spec: SystemSpec, server: Any, i: int) -> Speed | None:
-    """A short speed probe (one lone request, then a batch of 4; ~2 s on the CPU profile) of the
-    server about to run point i, with prompts no other probe or point uses (no cache hits)."""
+    """A short speed probe (one lone request, then a batch of 4) of the server about to run point i,
+    with prompts no other probe or point uses (no cache hits)."""
     if not getattr(plan.options, "point_probes", True) or spec.is_vllm:  # the probe streams SGLang's /generate
         return None
     tokenizer = _tokenizer(plan.tokenizer)
@@ -240,7 +158,26 @@ class Sweep:
             return None
         self.doc.setdefault("startup_s", {})[spec.name] = round(time.monotonic() - t0, 1)
         self.servers[spec.name] = server
+        if not spec.is_vllm and not self._pool_agrees(spec, server):
+            self.stop(spec)
+            return None
         return server
+
+    def _pool_agrees(self, spec: SystemSpec, server: Any) -> bool:
+        """Record the server's KV pool size; False (the system failed, loudly) when it differs from
+        the pool of a system started before it (kv_pool.py says why that matters)."""
+        tokens, source = kv_pool.pool_tokens(server.url, server.log_path)
+        pools = self.doc.setdefault("kv_pool_tokens", {})
+        pools[spec.name] = tokens
+        self.doc.setdefault("kv_pool_source", {})[spec.name] = source
+        try:
+            kv_pool.check_same(pools, self.plan.profile.kv_tokens)
+        except kv_pool.KvPoolMismatch as exc:
+            self.fail(spec, exc)
+            self.doc["errors"]["kv_pool"] = str(exc)
+            print(f"ab_bench: error: {exc}", file=sys.stderr)
+            return False
+        return True
 
     def run(self, plan: Plan, spec: SystemSpec, i: int, pt: SweepPoint) -> None:
         server = self.servers.get(spec.name)
@@ -327,17 +264,21 @@ def calibrate(sweep: Sweep, server: Any, tokenizer: Any, t_start: float) -> Plan
     mean_in, mean_out = mean_lengths(plan.profile, plan.seed)
     builder = PromptBuilder(tokenizer)
     texts, n_tok = [], int(mean_in)
-    for k in range(probe_prompts()):
+    knobs = plan.profile.knobs
+    for k in range(probe_prompts(knobs.probe_batches, knobs.probe_repeats)):
         content, _ = builder.build(100_000 + k, n_tok)
         texts.append(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True))
-    speed = probe(server.url, texts, n_tok)
+    speed = probe(server.url, texts, n_tok, out_tokens=knobs.probe_out_tokens, batches=knobs.probe_batches,
+                  repeats=knobs.probe_repeats)
     startup = sweep.doc.get("startup_s", {}).get(plan.systems[0].name, 120.0)
     n_sys = runs_per_repeat(plan) // max(1, len(plan.points)) * plan.repeats  # runs one after another per rate
     cal = derive(speed, plan.profile.kv_tokens, mean_in, mean_out, plan.profile.knobs, n_sys,
                  time.monotonic() - t_start, startup, plan.profile.num_requests)
+    kept = [k for k, on in (("slos", explicit_slos(plan.options)), ("rates", plan.options.rates is not None)) if on]
     sweep.doc["calibration"] = {**asdict(cal), "mean_prompt_tokens": mean_in, "mean_output_tokens": mean_out,
-                                "knobs": asdict(plan.profile.knobs), "probe_server": plan.systems[0].name}
+                                "knobs": asdict(plan.profile.knobs), "probe_server": plan.systems[0].name,
+                                "kept_as_given": kept}
     new = recalibrated(plan, cal, tokenizer)
     sweep.plan = new
     sweep.bar.reset(total=runs_per_repeat(new) * new.repeats)
@@ -357,7 +298,11 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
     sweep = Sweep(plan, doc)
     try:
         first = sweep.start(plan.systems[0], home.get(plan.systems[0].name))
-        if first is not None and plan.calibrate:
+        if first is None:  # the others share its flags (and its device): starting them would only wait too
+            doc["errors"]["sweep"] = f"stopped: the first system ({plan.systems[0].name}) did not start"
+            doc["config"] = describe(plan, prepare_files(plan, tokenizer))
+            return _finish(plan, doc, sweep, t_start)
+        if plan.calibrate:
             plan = calibrate(sweep, first, tokenizer, t_start)
             pairs = pairs_for(plan.systems) if plan.paired else []  # ours' flags now carry the calibrated SLOs
         doc["config"] = describe(plan, prepare_files(plan, tokenizer))
@@ -378,6 +323,11 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
             run_repeat(sweep, rplan, k, pairs, halves)
     finally:
         sweep.close()
+    return _finish(plan, doc, sweep, t_start)
+
+
+def _finish(plan: Plan, doc: dict[str, Any], sweep: Sweep, t_start: float) -> dict[str, Any]:
+    sweep.close()
     doc["wall_s"] = round(time.monotonic() - t_start, 1)
     finish(plan, doc)
     return doc
@@ -421,8 +371,10 @@ def finish(plan: Plan, doc: dict[str, Any]) -> None:
     else:
         if plan.noise and "sglang" in results and twin in results:
             doc["noise_band"] = noise_band(results, "sglang", twin)
-        if "sglang" in results and "superinfer" in results:
-            doc["targets"] = check_targets(results, "sglang", "superinfer")
+        ours = [s.name for s in plan.systems if s.ours and s.name in results]
+        if "sglang" in results and ours:
+            doc["targets_by_system"] = {name: check_targets(results, "sglang", name) for name in ours}
+            doc["targets"] = doc["targets_by_system"][ours[0]]
     save(plan, doc)
     if results:
         title = f"{plan.profile.name} / {plan.workload}: {doc['config']['machine'].get('cpu', '')}"

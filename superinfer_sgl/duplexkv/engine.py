@@ -7,7 +7,8 @@ Three lanes (CUDA side streams; on a CPU the same code runs synchronously, see s
 Each copy is ordered after `after` (CUDA event(s) recorded after the forward pass that wrote the KV
 and any GPU work that produced the slot indices) or, by default, after everything already queued on
 the current stream. rotate()/prefetch() return a RotationHandle at once; save/load/save_request are
-the synchronous wrappers (they wait on the handle's events). See docs/duplexkv.md.
+the synchronous wrappers (they wait on the handle's events). Each call's copies are timed per
+direction (copy_timing.py: CUDA events on the lanes, read when reaped). See docs/duplexkv.md.
 
 Block ownership is by the allocator's reference counts. References are held by: each HostKV handed
 out (engine.free drops it), each request mirror (eager.py), each prefetch not yet consumed, and each
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from superinfer_sgl.duplexkv.copy_timing import CopyTimer, TimedCall
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.eager import EagerMirror
 from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
@@ -98,6 +100,7 @@ class RotationEngine:
         # Prefetch accounting: bytes copied by prefetch() (also counted in bytes_in, once), bytes of
         # rotations in served by a prefetch without a second copy, prefetches dropped unused.
         self.bytes_prefetched = self.bytes_prefetch_hits = self.prefetches_cancelled = 0
+        self.copy_timer = CopyTimer()  # seconds per direction and of overlap, read as copies are reaped
 
     # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:
@@ -149,10 +152,11 @@ class RotationEngine:
         out_held = [b for p in plans for b in p.reused + p.new]
         in_held = [b for i in copies for b in i.host_kv.block_ids]
         self.host_pool.allocator.incref(out_held + in_held)
+        timed = TimedCall()
         try:
-            out_event = self._launch_out(plans, after) if plans else None
+            out_event = self._launch_out(plans, after, timed) if plans else None
             in_also = [*as_events(in_after), *([out_event] if in_after_out and out_event else [])]
-            in_event = self._launch_in(copies, after, in_also) if copies else None
+            in_event = self._launch_in(copies, after, in_also, timed) if copies else None
         except BaseException:
             self._out.synchronize()
             self._in.synchronize()
@@ -164,6 +168,7 @@ class RotationEngine:
             self._inflight.hold(in_event, in_held)
         saved = tuple(self._commit_out(p) for p in plans)
         events = [e for e in (out_event, in_event) if e is not None] + self._commit_in(ins, hits)
+        self.copy_timer.add(timed)
         self._reap()
         return RotationHandle(saved, tuple(events))
 
@@ -180,12 +185,14 @@ class RotationEngine:
             return RotationHandle(events=(known,))
         blocks = list(host_kv.block_ids)
         self.host_pool.allocator.incref(blocks)  # held until the copy has run
+        timed = TimedCall()
         try:
-            event = self._launch_in([inn], after, as_events(in_after))
+            event = self._launch_in([inn], after, as_events(in_after), timed)
         except BaseException:
             self.host_pool.allocator.decref(blocks)
             raise
         self._inflight.hold(event, blocks)
+        self.copy_timer.add(timed)
         self._prefetched.add(host_kv, slots, event)
         moved = host_kv.num_tokens * self.host_pool.bytes_per_token
         self.bytes_in += moved
@@ -297,6 +304,7 @@ class RotationEngine:
         """Wait for every copy in flight and release what they held (tests, shutdown)."""
         self._inflight.drain()
         self.mirror.prune()
+        self.copy_timer.drain()
 
     # ---- internals: planning
     def _check_out(self, out: RotateOut) -> RotateOut:
@@ -360,10 +368,11 @@ class RotationEngine:
         return hits, copies
 
     # ---- internals: launching
-    def _launch_out(self, plans: list[_OutPlan], after: After) -> CopyEvent:
+    def _launch_out(self, plans: list[_OutPlan], after: After, timed: TimedCall) -> CopyEvent:
         """One launch for every tail; ordered after the eager copies whose blocks are reused."""
         bt = self.host_pool.block_tokens
-        with self._out.run(after, also=[e for p in plans for e in p.pending]):
+        with self._out.run(after, also=[e for p in plans for e in p.pending]), \
+                self.copy_timer.span(timed, "out", self._out.stream):
             parts = [
                 (self._device_slots(self._out, p.req.slots[len(p.reused) * bt : p.req.num_tokens]), p.new)
                 for p in plans
@@ -373,8 +382,8 @@ class RotationEngine:
                 self._path.to_host(*gather_batch(parts, bt))
         return self._out.record()
 
-    def _launch_in(self, ins: list[RotateIn], after: After, also: Sequence[CopyEvent] = ()) -> CopyEvent:
-        with self._in.run(after, also=also):
+    def _launch_in(self, ins: list[RotateIn], after: After, also: Sequence[CopyEvent], timed: TimedCall) -> CopyEvent:
+        with self._in.run(after, also=also), self.copy_timer.span(timed, "in", self._in.stream):
             parts = [
                 (self._device_slots(self._in, i.slots), list(i.host_kv.block_ids)) for i in ins if i.host_kv.num_tokens
             ]
@@ -413,6 +422,7 @@ class RotationEngine:
         """Release what finished copies held (everything, on a CPU); never blocks."""
         self._inflight.reap()
         self.mirror.prune()
+        self.copy_timer.reap()
 
     def _finish(self, handle: RotationHandle) -> RotationHandle:
         handle.synchronize()

@@ -6,17 +6,19 @@ from typing import Any
 
 import torch
 
-from ..duplexkv.device_pool import DevicePoolView
+from ..duplexkv.device_pool import DevicePoolView, unsupported_reason
 
 
 class UnsupportedKVPool(RuntimeError):
-    """The KV pool is not a per-layer K/V token pool (MLA, hybrid, ...): rotation cannot move it."""
+    """Rotation cannot move this KV pool (not per-layer NHD token rows: MLA, hybrid, HND; or a
+    quantized pool with scale buffers such as FP4). The runtime turns rotation off and says why."""
 
 
 def device_pool_view(kvcache: Any) -> DevicePoolView:
-    k, v = getattr(kvcache, "k_buffer", None), getattr(kvcache, "v_buffer", None)
-    if not isinstance(k, list) or not isinstance(v, list) or not k:
-        raise UnsupportedKVPool(f"{type(kvcache).__name__} has no per-layer k_buffer/v_buffer lists")
+    reason = unsupported_reason(kvcache)
+    if reason is not None:
+        raise UnsupportedKVPool(reason)
+    k, v = kvcache.k_buffer, kvcache.v_buffer
     k_ptrs = getattr(kvcache, "k_data_ptrs", None)
     v_ptrs = getattr(kvcache, "v_data_ptrs", None)
     if k_ptrs is None or v_ptrs is None:

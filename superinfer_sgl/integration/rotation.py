@@ -22,6 +22,7 @@ import torch
 from ..duplexkv.engine import HostKV, RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostPoolFull
 from ..duplexkv.streams import CopyEvent, RotationHandle
+from . import copy_metrics
 
 
 @dataclass
@@ -98,6 +99,7 @@ def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_blocks: int | N
     engine.track(req.rid)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
     engine.sync_full_blocks(req.rid, row, restorable_tokens(req), max_blocks=max_blocks)
+    copy_metrics.publish(engine.copy_timer)  # rotation copies of earlier steps, read as they finished
 
 
 def can_rotate(req: Any) -> bool:
@@ -130,6 +132,7 @@ def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[I
             sched._add_request_to_queue(req, is_retracted=True)
             result.recompute.append(req)
     result.resumed = [(inc, insert_restored(sched, inc, engine)) for inc in ready]
+    copy_metrics.publish(engine.copy_timer)
     return result
 
 

@@ -87,11 +87,18 @@ def test_prometheus_parsing_and_deltas() -> None:
                              'sglang:num_retracted_requests_total{model_name="n"} 1\nsuperinfer_resumes_total 6\n')
     assert after["sglang:num_retracted_requests_total"] == 5.0
     d = counter_deltas(before, after)
-    assert d == {"rotations": 7.0, "resumes": 6.0, "recompute_fallbacks": 0.0, "retractions": 4.0}
+    assert d == {"rotations": 7.0, "resumes": 6.0, "recompute_fallbacks": 0.0, "retractions": 4.0,
+                 "copy_out_s": 0.0, "copy_in_s": 0.0, "copy_overlap_s": 0.0}
+    # copy time per direction (integration/copy_metrics.py) is differenced like the counts
+    later = parse_prometheus('superinfer_rotations_out_total 12.0\nsuperinfer_kv_copy_out_seconds_total 0.5\n'
+                             'superinfer_kv_copy_in_seconds_total 0.25\nsuperinfer_kv_copy_overlap_seconds_total 0.125\n')
+    d2 = counter_deltas(after, later)
+    assert (d2["copy_out_s"], d2["copy_in_s"], d2["copy_overlap_s"], d2["rotations"]) == (0.5, 0.25, 0.125, 2.0)
     # stock SGLang before its first retraction: no superinfer_ family, no retraction series yet
     stock = parse_prometheus('sglang:num_running_reqs{model_name="m"} 0\n')
     assert counter_deltas(stock, stock) == {"rotations": None, "resumes": None, "recompute_fallbacks": None,
-                                            "retractions": 0.0}
+                                            "retractions": 0.0, "copy_out_s": None, "copy_in_s": None,
+                                            "copy_overlap_s": None}
     assert counter_deltas({}, {})["retractions"] is None  # /metrics unreachable
 
 
@@ -117,7 +124,20 @@ def test_targets_and_noise() -> None:
     assert t["capacity_ratio"] == pytest.approx(1.6154 / 1.0909, abs=1e-3) and not t["capacity_target_met"]
     assert noise_band(results, "sglang", "superinfer")["ttft_attainment"] == pytest.approx(45.0)
     table = markdown_table(results)
-    assert "| 2 | superinfer | 85.0% | 97.0% |" in table and "| 2 | 1 | 10/10 |" in table  # rotations, recomputes
+    # rotations, recomputes; no copy-time series exported: dashes
+    assert "| 2 | superinfer | 85.0% | 97.0% |" in table and "| 2 | 1 | - | - | - | 10/10 |" in table
+    # the GPU goal at the highest rate: +45 points joint, 98% throughput
+    over = t["overloaded"]
+    assert over["rate"] == 2 and over["joint_gain_points"] == pytest.approx(45.0) and over["joint_target_met"]
+    assert over["throughput_ratio"] == pytest.approx(0.98) and over["throughput_target_met"]
+
+
+def test_table_shows_copy_time_and_the_cost_of_one_rotation() -> None:
+    p = _point(2, 0.85, 0.97, 0.85, 147)
+    p["counters"] |= {"resumes": 4.0, "copy_out_s": 0.05, "copy_in_s": 0.02, "copy_overlap_s": 0.01}
+    table = markdown_table({"superinfer": [p]})
+    # 50 ms over 2 rotations out, 20 ms over 4 resumes
+    assert "| 0.050 / 0.020 | 0.010 | 25.00 / 5.00 | 10/10 |" in table
 
 
 def test_scheduled_arrivals_follow_the_schedule() -> None:

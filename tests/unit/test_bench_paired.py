@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from superinfer_sgl.bench.cli import parser
-from superinfer_sgl.bench.paired import core_halves, pairs_for, pin
+from superinfer_sgl.bench.paired import core_halves, pairs_for
+from superinfer_sgl.bench.servers import pin
 from superinfer_sgl.bench.planning import build_plan, for_repeat
 from superinfer_sgl.bench.report import comparisons, comparisons_markdown, pooled_markdown
 from superinfer_sgl.bench.servers import noise_twin, systems
