@@ -141,8 +141,29 @@ def prepare_default_model(cache_dir: Path | None = None) -> Path:
     return target
 
 
-def main() -> None:
-    print(prepare_default_model())
+def main(argv: list[str] | None = None) -> None:
+    """No arguments: prepare the default model and print its folder. `tiny FAMILY DIR [--seed N]`:
+    write a tiny random-weight model of FAMILY (superinfer_sgl.tiny_models) into DIR."""
+    import argparse
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] != "tiny":
+        argparse.ArgumentParser(prog="python -m superinfer_sgl.model_prep", description=(
+            "Prepare the default model and print its folder. `tiny FAMILY DIR [--seed N]` writes a tiny "
+            "random-weight model instead (`tiny --help` lists the families).")).parse_args(args)
+        print(prepare_default_model())
+        return
+    from . import tiny_models
+
+    parser = argparse.ArgumentParser(prog="python -m superinfer_sgl.model_prep tiny",
+                                     description="families:\n" + tiny_models.describe(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("family", choices=list(tiny_models.FAMILIES))
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args(args[1:])
+    print(tiny_models.write_tiny_model(ns.family, ns.dir, seed=ns.seed, tokenizer_dir=prepare_default_model()))
 
 
 if __name__ == "__main__":

@@ -27,9 +27,10 @@ def load() -> None:
     from .config import SuperInferConfig
 
     if cpu_compat_enabled():
-        from superinfer_patches import rotary_embedding_cpu
+        from superinfer_patches import fused_gate_sigmoid_mul_cpu, rotary_embedding_cpu
 
         rotary_embedding_cpu.register()
+        fused_gate_sigmoid_mul_cpu.register()  # Qwen2-MoE's shared-expert gate (a Triton kernel)
     if cpu_attention_enabled():
         # On wherever the CPU-compatibility switch is (our launcher on CPU, or stock SGLang with
         # SUPERINFER_CPU_COMPAT=1, so an A/B compares scheduling at equal attention speed);

@@ -86,6 +86,13 @@ def _patch_targets() -> set[str]:
     return targets
 
 
+def _compat_ops() -> dict[str, list[HookType]]:
+    """Torch fallbacks for Triton-only ops that come with the CPU-compatibility switch."""
+    from superinfer_patches import fused_gate_sigmoid_mul_cpu
+
+    return {fused_gate_sigmoid_mul_cpu.TARGET: [HookType.AROUND]}
+
+
 def test_cpu_compat_registers_patches_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     plugin.load()
@@ -101,7 +108,7 @@ def test_cpu_compat_switches_on_cpu_attention(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     plugin.load()
-    assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND],
+    assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND], **_compat_ops(),
                              cpu_attention_backend.TARGET: [HookType.REPLACE], **_fast_ops()}
     [(_, hook, _)] = HookRegistry._hooks[cpu_attention_backend.TARGET]
     assert hook is SuperInferCpuAttnBackend
@@ -125,11 +132,11 @@ def test_cpu_fast_ops_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _registered() == {cpu_attention_backend.TARGET: [HookType.REPLACE]}
 
 
-def test_cpu_compat_registers_only_rotary(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_compat_registers_only_compat_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     monkeypatch.setenv(CPU_ATTENTION_ENV, "0")  # the CPU attention patch has its own switch
     plugin.load()
-    assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND]}
+    assert _registered() == {rotary_embedding_cpu.TARGET: [HookType.AROUND], **_compat_ops()}
     [(_, hook, _)] = HookRegistry._hooks[rotary_embedding_cpu.TARGET]
     assert hook is rotary_embedding_cpu._around_init
     assert integration.INSTALLED == []  # the CPU patch is not one of our scheduler hooks
@@ -154,7 +161,7 @@ def test_config_and_cpu_compat(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(plugin.CPU_COMPAT_ENV, "1")
     monkeypatch.setenv(CPU_ATTENTION_ENV, "0")
     plugin.load()
-    assert set(_registered()) == {*_integration_targets(cfg), rotary_embedding_cpu.TARGET}
+    assert set(_registered()) == {*_integration_targets(cfg), rotary_embedding_cpu.TARGET, *_compat_ops()}
     assert rotary_embedding_cpu.TARGET not in integration.INSTALLED
 
 
