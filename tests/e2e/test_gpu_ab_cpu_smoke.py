@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# ~2.5 min on a quiet 2-core VM (two CPU server starts dominate); where the machine is shared and a
-# server start alone takes minutes, give the script more time: GPU_AB_SMOKE_LIMIT=400
-LIMIT = int(os.environ.get("GPU_AB_SMOKE_LIMIT", "175"))
+# The GPU call's own LIMIT (420 s). The run takes ~2.5 min on a 2-core VM (two CPU server starts
+# dominate; the A/B stage took 133 s in a full suite run), so a tighter limit tests the machine's
+# load rather than the script; GPU_AB_SMOKE_LIMIT overrides it.
+LIMIT = int(os.environ.get("GPU_AB_SMOKE_LIMIT", "420"))
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(LIMIT + 300)]
 SYSTEMS = ["sglang", "superinfer-paper"]
 
