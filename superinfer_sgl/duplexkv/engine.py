@@ -16,7 +16,7 @@ copy still in flight (dropped by _reap() once its event has completed, so a bloc
 again while a queued copy still reads or writes it).
 
 On a GPU: the pinned host pool, the CUDA streams and events, both directions at once and
-`in_after_out` ran on the lent H100 (2026-11-23, the CUDA-marked unit tests, docs/status.md); the
+`in_after_out` ran on a lent H100 (the CUDA-marked unit tests, docs/status.md); the
 CPU suite runs the torch path. Not yet run: the engine inside SGLang on a GPU server.
 """
 
@@ -65,9 +65,9 @@ class _OutPlan:
     new: list[int] = field(default_factory=list)
 
 
-# Programs (SMs) a kernel path may keep busy: the rest stay with the forward pass. Measured on an
-# H100 over PCIe Gen5 (docs/perf.md, 2026-11-23): 8 programs move 50-51 GB/s one way with
-# triton-direct (93% of a pinned cudaMemcpy) and 42 with triton-dma; all 132 SMs add 0 and 10 GB/s.
+# Programs (SMs) a kernel path may keep busy: the rest stay with the forward pass. On an H100 over
+# PCIe Gen5, 8 programs moved 93% of a pinned cudaMemcpy one way with triton-direct, and all 132 SMs
+# added nothing there and about a quarter with triton-dma (docs/results.md#gpu).
 DEFAULT_MAX_PROGRAMS = 8
 
 

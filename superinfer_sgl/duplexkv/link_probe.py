@@ -23,7 +23,7 @@ def measure_link(engine: RotationEngine, blocks: int = LINK_PROBE_BLOCKS,
     host blocks through `engine`'s own copy path of the slower direction's time. One untimed round
     trip of the same size comes first: Triton compiles a kernel per argument specialization (a
     count of 1 and a count divisible by 16 are different kernels), so a smaller warm-up left the
-    compile inside the timed copy (an H200 server read 0.04 GB/s, 2026-11-26). It reads device
+    compile inside the timed copy (and a probe that read a fraction of the link). It reads device
     slots 1.. and writes the same bytes back, so the pool is left as it was, and resets the
     engine's traffic counters (a probe is not a rotation). Uses at most a quarter of the host pool
     and of the device pool."""

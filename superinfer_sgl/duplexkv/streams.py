@@ -5,7 +5,7 @@ The engine runs the same orchestration on both: a copy is issued inside `lane.ru
 test of the bookkeeping (who waits on what, who holds which block until when) runs without a GPU.
 
 On a GPU, everything behind `self.stream is not None` (stream ordering, events, record_stream) ran in
-the CUDA-marked unit tests on the lent H100 (2026-11-23, docs/status.md); the CPU suite runs the
+the CUDA-marked unit tests on a lent H100 (docs/status.md); the CPU suite runs the
 synchronous lanes.
 """
 

@@ -33,9 +33,8 @@ def pick_transfer(device: torch.device | str) -> str:
     """Default transfer path for a device.
 
     CPU: "torch" (Triton would need the interpreter). CUDA: "triton-dma", except on superchips with
-    NVLink-C2C (GH200/GB200), where "triton-direct". Measured on an H100 over PCIe Gen5 at 8 SMs
-    (docs/perf.md, 2026-11-23): triton-direct is faster one way (51 vs 42 GB/s per direction,
-    pinned cudaMemcpy 55) but slower with both directions at once (30 vs 37-38 GB/s each way), and
+    NVLink-C2C (GH200/GB200), where "triton-direct". On an H100 over PCIe Gen5 at 8 SMs
+    (docs/results.md#gpu) triton-direct is faster one way but slower with both directions at once, and
     it keeps its SMs for the whole transfer where triton-dma holds them only for the on-device
     gather; rotation steps move both ways, so PCIe GPUs keep triton-dma. Over coherent C2C direct
     access skips the staging pass (reasoned, not measured: no GH200 here).

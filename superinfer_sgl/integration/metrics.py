@@ -25,9 +25,8 @@ from ..rotasched import ReqState
 from ..rotasched.goodput import GoodputParams
 from ..rotasched.headroom import AttainmentWindow, headroom
 
-# The headroom gauges rebuild a view of every queued request: per step that cost ~0.7% of a CPU
-# server's scheduler time under a 100-request backlog (py-spy, 2026-11-26), for gauges scraped seconds
-# apart. So while more than HEADROOM_EVERY_STEP requests queue they are refreshed at most every
+# The headroom gauges rebuild a view of every queued request: per step that is a measurable share of
+# a CPU server's scheduler time under a backlog (docs/perf.md), for gauges scraped seconds apart. So while more than HEADROOM_EVERY_STEP requests queue they are refreshed at most every
 # HEADROOM_INTERVAL_S; with fewer (cheap, and where bursts come and go between scrapes) every step.
 HEADROOM_INTERVAL_S = 0.25
 HEADROOM_EVERY_STEP = 32

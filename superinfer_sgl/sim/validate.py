@@ -253,7 +253,7 @@ STEP_LOG_USES = ("trace", "refit", "scale", "jitter")  # what --rescale takes fr
 def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, first_arrival_s: float = 0.0,
                   use: str = "trace") -> tuple[Profile | None, dict | None, str | None]:
     """The profile at a point's own speed. From the server's step log over the point's window
-    (A/Bs since 2026-11-23 log every iteration): use "scale" two factors, "refit" the step
+    (the harness's servers log every iteration): use "scale" two factors, "refit" the step
     model refit to the window, "trace" that plus the machine's speed over the point in 3 s
     buckets (scales['trace'], for SimConfig.speed_trace), "jitter" that plus the spread of single
     steps within those buckets (scales['spread'], for SimConfig.step_jitter). Else scaled to the probe run right
