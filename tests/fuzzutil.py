@@ -215,7 +215,7 @@ def fuzz(base_url: str, doc: dict[str, Any], *, examples: int, seed: int, modes:
 
 
 class _OutOfTime(Exception):
-    pass
+    """The fuzz run's time budget is spent."""
 
 
 def _long_budget(value: object, missing_is_long: bool) -> bool:

@@ -92,11 +92,11 @@ def machine() -> dict[str, Any]:
         from importlib.metadata import version
 
         info["sglang"] = version("sglang")
-    except Exception:
+    except ImportError:  # PackageNotFoundError: no sglang in this environment
         pass
     try:
         info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                             text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
-    except Exception:
+    except (OSError, subprocess.SubprocessError):  # no git here, or it hung
         pass
     return info

@@ -72,22 +72,6 @@ def _paged(h: Any, size: int) -> None:
     h.sched.token_to_kv_pool_allocator, h.sched.tree_cache = alloc, tree
 
 
-def _run_paged(h: Any, rid: str, prompt: int, outputs: int, pool_idx: int) -> Any:
-    """A running request on whole pages (as SGLang's paged extend allocates), random KV."""
-    from fakes import FakeReq, sampling
-
-    n = prompt + outputs
-    slots = h.alloc.alloc(-(-n // PAGE) * PAGE)[:n]
-    for buf in (*h.dev.k_buffers, *h.dev.v_buffers):
-        buf[slots] = torch.randn((n, *buf.shape[1:]))
-    h.sched.req_to_token_pool.req_to_token[pool_idx, :n] = slots.to(torch.int32)
-    kv = SimpleNamespace(req_pool_idx=pool_idx, holds_kv=True, kv_allocated_len=n)
-    req = FakeReq(rid, list(range(100, 100 + prompt)), list(range(outputs)), kv, sampling(max_new_tokens=0))
-    h.kv[rid] = h.device_kv(slots[: n - 1])
-    h.batch.reqs.append(req)
-    return req
-
-
 @pytest.mark.parametrize("prompt,outputs", [(37, 9), (40, 9), (20, 2)])
 def test_rotation_and_resume_are_lossless_at_page_16(monkeypatch: pytest.MonkeyPatch, prompt: int,
                                                       outputs: int) -> None:
@@ -100,8 +84,8 @@ def test_rotation_and_resume_are_lossless_at_page_16(monkeypatch: pytest.MonkeyP
     if not hasattr(h.sched, "new_token_ratio_tracker"):  # SGLang's scheduler has one (the reserve reads it)
         h.sched.new_token_ratio_tracker = SimpleNamespace(current=1.0)
     _paged(h, size)
-    other = _run_paged(h, "a", 30, 5, pool_idx=1)
-    b = _run_paged(h, "b", prompt, outputs, pool_idx=2)
+    other = h.run("a", 30, 5, pool_idx=1, page=PAGE)
+    b = h.run("b", prompt, outputs, pool_idx=2, page=PAGE)
     h.step(rotate_out=("b",))
     assert "b" in h.rt.rotary and h.rt.rotary["b"].host_kv.num_tokens == prompt + outputs - 1
     # the freed pages go to someone else and get other bytes before b comes back

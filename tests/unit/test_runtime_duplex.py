@@ -140,13 +140,15 @@ class Harness:
         token_to_kv_pool_allocator.free(row.to(torch.int64).clone())
         req.kv.holds_kv = False
 
-    def run(self, rid: str, prompt: int, outputs: int, pool_idx: int) -> Req:
-        """A running request whose KV (random bytes) fills freshly allocated slots."""
+    def run(self, rid: str, prompt: int, outputs: int, pool_idx: int, page: int = 1) -> Req:
+        """A running request whose KV (random bytes) fills freshly allocated slots, on whole pages
+        of `page` tokens (as SGLang's paged extend allocates)."""
         n = prompt + outputs
-        slots = self.alloc.alloc(n)
+        slots = self.alloc.alloc(-(-n // page) * page)
         assert slots is not None
+        slots = slots[:n]
         for buf in (*self.dev.k_buffers, *self.dev.v_buffers):
-            buf[slots] = torch.randn((n, HEADS, DIM))
+            buf[slots] = torch.randn((n, *buf.shape[1:]))
         self.sched.req_to_token_pool.req_to_token[pool_idx, :n] = slots.to(torch.int32)
         kv = SimpleNamespace(req_pool_idx=pool_idx, holds_kv=True, kv_allocated_len=n)
         req = Req(rid, list(range(100, 100 + prompt)), list(range(outputs)), kv, sampling(max_new_tokens=0))
