@@ -16,7 +16,7 @@ Families (SGLang 0.5.23's architecture and KV pool on CPU; see FAMILIES):
 - mixtral: MoE (4 experts, top-2); qwen2-moe: MoE with a shared expert; both MHATokenToKVPool;
 - gemma2: alternating sliding-window (window 8) and full layers, one MHATokenToKVPool (SGLang keeps
   all of a Gemma2 request's KV and masks the window in attention);
-- deepseek-v2: MLA (latent KV, MLATokenToKVPool) with MoE and a shared expert;
+- deepseek-v2: MLA (latent KV, MLATokenToKVPool, which rotation moves) with MoE and a shared expert;
 - gpt-oss: sliding-window + full layers with attention sinks and MoE (SGLang: hybrid SWA pool).
 """
 

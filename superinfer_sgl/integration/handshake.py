@@ -6,14 +6,22 @@ the launcher process checks every rank's entry before the HTTP server starts and
 otherwise. With `--dp-size N` the launcher hears only from SGLang's data-parallel controller, whose
 init info keeps none of the ranks' keys: the controller hands on every rank's entry under
 `dp_ranks`, and each is checked like a rank of its own.
+
+Each entry also names the rank's KV pool class (`kv_pool`) and its rotation status: "on (<transfer>)"
+or why rotation is off, e.g. a pool DuplexKV refuses (duplexkv/pool_layout.py), named by its class;
+the launcher logs both per rank.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Iterator
 
 from ..config import SuperInferConfig
+from .kv_adapter import kv_pool_name
+
+logger = logging.getLogger(__name__)
 
 INIT_INFO_KEY = "superinfer"
 SCHEDULER_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
@@ -36,6 +44,7 @@ def hooks(cfg: SuperInferConfig, installed: list[str]) -> Iterator[tuple[str, Ca
             "hooks": list(installed),
             "tp_rank": getattr(scheduler, "tp_rank", None),
             "dp_rank": _dp_rank(),
+            "kv_pool": _kv_pool(scheduler),
             "rotation": _rotation_status(scheduler),
         }
         return result
@@ -69,6 +78,13 @@ def _rotation_status(scheduler: Any) -> str:
     return rt.disabled_reason or "off"
 
 
+def _kv_pool(scheduler: Any) -> str:
+    try:
+        return kv_pool_name(scheduler.token_to_kv_pool_allocator.get_kvcache())
+    except AttributeError:  # a scheduler without a token pool (e.g. a test double)
+        return "unknown"
+
+
 def verify_scheduler_infos(infos: list[dict[str, Any]], cfg: SuperInferConfig) -> None:
     if not infos:
         raise HooksNotLiveError("no scheduler reported in; cannot verify superinfer hooks")
@@ -82,6 +98,8 @@ def verify_scheduler_infos(infos: list[dict[str, Any]], cfg: SuperInferConfig) -
             raise HooksNotLiveError(f"scheduler {i} has our plugin but no RotaSched runtime attached")
         if ours.get("scheduler") != cfg.scheduler:
             raise HooksNotLiveError(f"scheduler {i} runs {ours.get('scheduler')!r}, expected {cfg.scheduler!r}")
+        logger.info("superinfer: scheduler %d: KV pool %s, rotation %s", i, ours.get("kv_pool", "unknown"),
+                    ours.get("rotation"))
 
 
 def _rank_entries(infos: list[dict[str, Any]]) -> Iterator[Any]:

@@ -1,4 +1,5 @@
-"""Model families with SGLang's per-layer K/V pool (MHATokenToKVPool) rotate losslessly.
+"""Model families with SGLang's per-layer K/V pool (MHATokenToKVPool) and its MLA pool
+(MLATokenToKVPool) rotate losslessly.
 
 For each family, a tiny random-weight model (superinfer_sgl.tiny_models, SmolLM2's tokenizer) is
 served by our launcher on CPU in float32 with rotations forced (SUPERINFER_TEST_ROTATE_INTERVAL=2)
@@ -12,8 +13,11 @@ and the KV byte check on (SUPERINFER_VERIFY_ROTATION=1), one short-lived server 
 gemma2 is the sliding-window family here: SGLang 0.5.23 keeps its KV in one MHATokenToKVPool and
 masks the window in attention. Our batched CPU attention refuses sliding-window layers, so gemma2 is
 served with SUPERINFER_CPU_ATTENTION=0 (SGLang's stock torch_native backend, which masks it).
-Families whose KV pool rotation refuses (deepseek-v2: MLATokenToKVPool; gpt-oss: SWAKVPool, and
-SGLang does not start it on CPU) are not served here: docs list what happens with them.
+deepseek-v2 is the MLA family (one latent buffer per layer): rotations and the KV byte check as for
+the others, but no output comparison, because SGLang 0.5.23's MLA/MoE CPU path in float32 is not
+exact: the same request served alone twice can give different greedy ids, and they differ from
+transformers' (docs/models.md). gpt-oss (SWAKVPool, which rotation refuses) does not start on CPU
+in SGLang: not served here; the unit tests build its pool (tests/unit/test_kv_pools_mla_swa.py).
 
 Startup dominates (2-3 minutes a server on a loaded 2-core machine, nearly all Python imports in
 the launcher and the scheduler; the file took 7 minutes there): servers start two at a time
@@ -34,16 +38,19 @@ import pytest
 import sglang
 
 from serverutil import STARTUP_TIMEOUT_S, Server, generate, start_server
+from superinfer_sgl.tiny_models import FAMILIES as TINY_FAMILIES
 
 pytestmark = pytest.mark.e2e
 
-# family -> (SGLang model module it needs, extra environment)
+# family -> (SGLang model module it needs, extra environment, whether SGLang's CPU path is exact enough
+# to compare outputs)
 FAMILIES = {
-    "llama": ("llama", {}),
-    "qwen2": ("qwen2", {}),
-    "mixtral": ("mixtral", {}),
-    "qwen2-moe": ("qwen2_moe", {}),
-    "gemma2": ("gemma2", {"SUPERINFER_CPU_ATTENTION": "0"}),
+    "llama": ("llama", {}, True),
+    "qwen2": ("qwen2", {}, True),
+    "mixtral": ("mixtral", {}, True),
+    "qwen2-moe": ("qwen2_moe", {}, True),
+    "gemma2": ("gemma2", {"SUPERINFER_CPU_ATTENTION": "0"}, True),
+    "deepseek-v2": ("deepseek_v2", {}, False),  # MLATokenToKVPool
 }
 FLAGS = ["--dtype", "float32", "--max-total-tokens", "4096", "--chunked-prefill-size", "64",
          "--enable-metrics", "--rotary-pool-gb", "0.05", "--log-level", "info"]
@@ -112,7 +119,7 @@ class _Starts:
         try:
             if self.closing:
                 raise RuntimeError("closed before this family's server started")
-            module, extra_env = FAMILIES[family]
+            module, extra_env, _ = FAMILIES[family]
             folder = write_tiny_model(family, self.root / family, seed=0, tokenizer_dir=self.model_dir)
             env = {**ROTATION_ENV, **extra_env, "SGLANG_DISABLED_MODEL_ARCHS": _other_model_modules(module)}
             return folder, start_server(["--model-path", str(folder), *FLAGS], self.root / f"{family}.log", env=env)
@@ -162,6 +169,8 @@ def test_family_rotates_losslessly(family: str, starts: _Starts) -> None:
     folder, server = starts.get(family)
     try:
         assert ON_LINE in server.log(), f"{family}: rotation is off:\n{server.log()[-3000:]}"
+        pool = TINY_FAMILIES[family].kv_pool  # the handshake names the pool it rotates
+        assert f"scheduler 0: KV pool {pool}, rotation on" in server.log(), f"{family}: not {pool}"
         alone = {p: list(generate(server, p, max_new_tokens=NEW_TOKENS)["output_ids"]) for p in PROMPTS}
         before = server.metrics()
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -177,11 +186,13 @@ def test_family_rotates_losslessly(family: str, starts: _Starts) -> None:
 
     rotated = sum(r["meta_info"]["superinfer"]["superinfer_rotations"] for r in got.values())
     assert rotated > 0 and delta("superinfer_resumes_total") > 0, f"{family}: no rotation was forced"
-    changed = [p[:30] for p, r in got.items() if list(r["output_ids"]) != alone[p]]
-    assert not changed, f"{family}: {len(changed)} of {len(PROMPTS)} outputs changed by rotation: {changed}"
     assert delta('superinfer_kv_verify_total{outcome="identical"}') > 0
     assert delta('superinfer_kv_verify_total{outcome="changed"}') == 0
     assert after.get("superinfer_rotary_requests") == 0 and after.get("superinfer_host_pool_blocks_used") == 0, after
     assert running == 0
+    if not FAMILIES[family][2]:
+        return  # SGLang's own CPU path is not exact for this family: the KV byte checks are the proof
+    changed = [p[:30] for p, r in got.items() if list(r["output_ids"]) != alone[p]]
+    assert not changed, f"{family}: {len(changed)} of {len(PROMPTS)} outputs changed by rotation: {changed}"
     hf = _hf_greedy(folder)
     assert alone == hf, f"{family}: SGLang's greedy ids differ from transformers'"

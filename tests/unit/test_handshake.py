@@ -72,6 +72,7 @@ def test_report_and_verify_hooks_round_trip() -> None:
     info = report({"max_total_num_tokens": 1}, SimpleNamespace(tp_rank=0, _superinfer=runtime))
     assert info[INIT_INFO_KEY]["hooks"] == installed and info[INIT_INFO_KEY]["tp_rank"] == 0
     assert info[INIT_INFO_KEY]["scheduler"] == "rotasched" and info[INIT_INFO_KEY]["rotation"] == "off"
+    assert info[INIT_INFO_KEY]["kv_pool"] == "unknown"  # this scheduler double has no token pool
     init_result = SimpleNamespace(scheduler_infos=[info])
     verify((None, None, None, init_result, None, None), object())
     stock = SimpleNamespace(scheduler_infos=[{"max_total_num_tokens": 1}])
@@ -80,3 +81,13 @@ def test_report_and_verify_hooks_round_trip() -> None:
     no_runtime = report({}, SimpleNamespace(tp_rank=0))
     with pytest.raises(HooksNotLiveError, match="no RotaSched runtime"):
         verify((None, None, None, SimpleNamespace(scheduler_infos=[no_runtime]), None), object())
+
+
+def test_each_rank_is_logged_with_its_kv_pool_and_rotation(caplog: pytest.LogCaptureFixture) -> None:
+    """The launcher names every rank's KV pool and whether it rotates (refused pools: docs/duplexkv.md)."""
+    why = "SWAKVPool: a sliding-window pool ...; rotation is off (...)"
+    with caplog.at_level("INFO"):
+        verify_scheduler_infos([_info(kv_pool="MLATokenToKVPool", rotation="on (torch)"),
+                                _info(kv_pool="SWAKVPool", rotation=why)], CFG)
+    assert "scheduler 0: KV pool MLATokenToKVPool, rotation on (torch)" in caplog.text
+    assert f"scheduler 1: KV pool SWAKVPool, rotation {why}" in caplog.text

@@ -37,7 +37,7 @@ def test_an_fp4_pool_with_scale_buffers_is_refused_with_a_clear_message() -> Non
 
     pool = _pool(quant_method=FP4MXBlock16KVCacheMethod())
     assert pool.k_scale_buffer is not None  # the codes alone would lose their scales
-    with pytest.raises(UnsupportedKVPool, match="scale buffers.*k_scale_buffer.*recompute only"):
+    with pytest.raises(UnsupportedKVPool, match="^MHATokenToKVPool: .*scale buffers.*k_scale_buffer.*rotation is off"):
         device_pool_view(pool)
     with pytest.raises(ValueError, match="scale buffers"):
         DevicePoolView.from_sglang(pool)
@@ -47,13 +47,17 @@ def test_an_hnd_pool_reports_unsupported_instead_of_raising_elsewhere(monkeypatc
     monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
     pool = _pool()
     assert pool.kv_cache_layout == "hnd" and pool.k_buffer[0].dim() == 4
-    with pytest.raises(UnsupportedKVPool, match="'hnd' KV layout .* is unsupported"):
+    with pytest.raises(UnsupportedKVPool, match="^MHATokenToKVPool: the 'hnd' KV layout .* is unsupported"):
         device_pool_view(pool)
 
 
 def test_a_pool_without_per_layer_buffers_is_unsupported() -> None:
-    with pytest.raises(UnsupportedKVPool, match="no per-layer k_buffer"):
+    with pytest.raises(UnsupportedKVPool, match="^SimpleNamespace: not a pool DuplexKV rotates"):
         device_pool_view(SimpleNamespace(kv_buffer=torch.empty(4)))
+    bare = object.__new__(memory_pool.MHATokenToKVPool)  # the right class without its buffers
+    bare.k_buffer = bare.v_buffer = None
+    with pytest.raises(UnsupportedKVPool, match="no per-layer k_buffer/v_buffer lists"):
+        device_pool_view(bare)
 
 
 # ---- page size 16: rotation out and resume through SGLang's paged allocator and radix tree ----------
