@@ -31,18 +31,23 @@ def main() -> None:
     ap.add_argument("--policy", action="append",
                     help="repeatable; POLICY@SHARE runs it with --running-reserve SHARE (e.g. goodput@1: "
                          "SGLang's whole decode reserve); default: sglang, paper, goodput@1, goodput")
+    ap.add_argument("--profile", action="append",
+                    help="repeatable; default: the two measured GPU profiles (the MoE and MLA ones: "
+                         "h200-mixtral-8x7b, h100-deepseek-v2-lite)")
+    ap.add_argument("--workload", action="append", help=f"repeatable; default: {', '.join(WORKLOADS)}")
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=909)
     ap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled per rate (ShareGPT-like)")
     ap.add_argument("--resolution", type=float, default=0.02)
+    ap.add_argument("--hi", type=float, default=64.0, help="highest rate of the grid (req/s)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_capacity"))
     a = ap.parse_args()
     policies = a.policy or ["sglang", "paper", "goodput@1", "goodput"]
-    grid = CapacityGrid(lo=0.05, hi=64.0, resolution=a.resolution)
+    grid = CapacityGrid(lo=0.05, hi=a.hi, resolution=a.resolution)
     rows = []
-    for profile in PROFILES:
-        for workload in WORKLOADS:
+    for profile in a.profile or PROFILES:
+        for workload in a.workload or WORKLOADS:
             for ttft, tbt in SLOS:
                 base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True)
                 for pol in policies:
@@ -54,7 +59,8 @@ def main() -> None:
                     print(f"{profile} {workload} {ttft:g}s/{1000 * tbt:g}ms {pol}: {r['capacity_req_s']}", flush=True)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     doc = {"command": "python scripts/sim_capacity_table.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "policy")),
+               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "policy", "profile", "workload"))
+           + "".join(f" --profile {p}" for p in a.profile or []) + "".join(f" --workload {w}" for w in a.workload or []),
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit, "grid": vars(grid) if hasattr(grid, "__dict__") else str(grid),
            "attribution": AZURE_ATTRIBUTION, "rows": rows}

@@ -6,16 +6,15 @@ budget sized to the machine's RAM (SGLang's own default would try to grab most o
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
+from .kv_geometry import model_kv_bytes_per_token
 from .launch_checks import LaunchError, flag_value
 
 # Share of available RAM the CPU KV pool may use by default, and a cap that keeps startup fast.
 CPU_KV_RAM_FRACTION = 0.10
 CPU_KV_MAX_TOKENS = 65536
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "auto": 2}
 
 
 @dataclass(frozen=True)
@@ -31,12 +30,7 @@ def has_cuda() -> bool:
 
 
 def kv_bytes_per_token(model_path: str, dtype: str) -> int:
-    with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
-        cfg = json.load(f)
-    layers = cfg["num_hidden_layers"]
-    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return layers * 2 * heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    return model_kv_bytes_per_token(model_path, dtype)
 
 
 def cpu_kv_budget_tokens(model_path: str, dtype: str) -> int:

@@ -106,6 +106,31 @@ DUMMY_SHAPES: dict[str, dict[str, object]] = {
         "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 64,
         "torch_dtype": "bfloat16",
     },
+    # MoE: 8 experts, 2 per token (46.7B parameters, 12.9B active); KV as Llama's (GQA, 8 KV heads).
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "sliding_window": None, "router_aux_loss_coef": 0.02,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    },
+    # MLA + MoE with shared experts (15.7B parameters, 2.4B active): one 576-value latent per
+    # token and layer (kv_lora_rank 512 + rope 64), SGLang's MLATokenToKVPool.
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+        "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "n_routed_experts": 64,
+        "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "n_group": 1, "topk_group": 1, "topk_method": "greedy", "norm_topk_prob": False,
+        "scoring_func": "softmax", "routed_scaling_factor": 1.0, "q_lora_rank": None,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "vocab_size": 102400, "max_position_embeddings": 163840, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    },
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "generation_config.json")

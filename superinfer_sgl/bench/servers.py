@@ -37,6 +37,7 @@ import requests
 
 from ..config import CONFIG_ENV
 from ..device_defaults import device_defaults
+from ..kv_geometry import kv_geometry
 from ..launch_checks import flag_value
 from ..launch_server import apply_device_defaults
 from ..plugin import CPU_COMPAT_ENV
@@ -108,11 +109,9 @@ def command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:
 
 
 def kv_bytes_per_token(model_path: str, dtype_bytes: int = 2) -> int:
-    """KV cache bytes one token takes in every layer (K and V), from the model's config.json."""
+    """KV cache bytes one token takes in every layer, from the model's config.json (kv_geometry)."""
     cfg = json.loads((Path(model_path) / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * dtype_bytes
+    return kv_geometry(cfg).bytes_per_token(dtype_bytes)
 
 
 def vllm_command(spec: SystemSpec, shared: list[str], port: int) -> list[str]:

@@ -7,6 +7,7 @@
   capacity  SLO capacity per policy: the highest rate at which --target of requests meet both SLOs
   plan      replicas a mix of SLO classes needs per policy; one shared cluster vs one per class
   speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
+  scale-profile NAME   a profile for an MoE or MLA model, scaled from the measured H100 one
 
 Examples:
   python -m superinfer_sgl.sim run --profile gh200-qwen2.5-32b --rate 15 --policy sglang --policy lvf-duplex
@@ -25,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from superinfer_sgl.sim import capacity, plan
+from superinfer_sgl.sim import capacity, plan, scale_profile
 from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
@@ -95,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     speed.add_argument("--profile", default="gh200-qwen2.5-32b")
     speed.add_argument("--policy", action="append", choices=sorted(POLICIES))
     speed.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
+    sc = sub.add_parser("scale-profile", help="write a profile scaled from a measured one (MoE, MLA shapes)",
+                        description=(scale_profile.__doc__ or "").split("\n\n")[0])
+    sc.add_argument("name", choices=sorted(scale_profile.TARGETS))
+    sc.add_argument("--out-dir", type=Path, default=scale_profile.PROFILE_DIR)
     return ap
 
 
@@ -230,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         print((a.out / "sim_whatif.md").read_text())
     elif a.cmd == "speed":
         _speed(a)
+    elif a.cmd == "scale-profile":
+        print(scale_profile.write(a.name, a.out_dir))
     else:
         _parser().print_help()
     return 0

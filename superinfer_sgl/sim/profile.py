@@ -23,14 +23,16 @@ GB = 1e9
 class ModelShape:
     name: str
     layers: int
-    kv_bytes_per_token: int  # all layers, K and V
+    kv_bytes_per_token: int  # all layers, all buffers
+    kv_buffers_per_layer: int = 2  # K and V; 1 for MLA's latent (kv_geometry)
 
     def __post_init__(self) -> None:
         assert self.layers >= 1 and self.kv_bytes_per_token >= 1, self
+        assert self.kv_buffers_per_layer in (1, 2), self
 
     def page_segment_bytes(self, page_tokens: int) -> int:
-        """One naive copy: one page of one layer's K (or V)."""
-        return page_tokens * self.kv_bytes_per_token // (2 * self.layers)
+        """One naive copy: one page of one layer's K (or V, or MLA latent)."""
+        return page_tokens * self.kv_bytes_per_token // (self.kv_buffers_per_layer * self.layers)
 
 
 @dataclass(frozen=True)
