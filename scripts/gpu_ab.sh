@@ -15,7 +15,9 @@
 #             batch 64; every server must get the same KV pool (the harness checks)
 #   ab-nograph  only if the first server was not up within 200 s: the same A/B with CUDA graphs off
 #   transfer  python -m superinfer_sgl.bench.kv_transfer --quick: one rotation out, in and both at once
-#             through RotationEngine, and one block size of every path
+#             through RotationEngine for every path (triton-dma: the pipelined staging ring; its serial
+#             form; triton-hybrid; triton-direct) and the path `auto` picks by its probe, then one block
+#             size of every path beside the pinned-copy ceiling (the ring's share of it: summary.txt)
 # Files back (at most 8): timeline.json, device.txt, ab.json, table.md, kv_transfer.json, summary.txt, logs.tgz
 set -u
 MODE=gpu
@@ -69,7 +71,7 @@ finish() {
   trap - EXIT
   $PY -m superinfer_sgl.bench.gpu_ab timeline "$TSV" "$OUT/timeline.json" "$LIMIT" "$MODE" | tee -a "$OUT/summary.txt"
   cp "$W/ab/ab.json" "$W/ab/table.md" "$OUT/" 2>/dev/null
-  { echo; cat "$OUT/table.md" 2>/dev/null; tail -40 "$W/ab.txt" 2>/dev/null; tail -30 "$W/transfer.txt" 2>/dev/null; } \
+  { echo; cat "$OUT/table.md" 2>/dev/null; tail -40 "$W/ab.txt" 2>/dev/null; tail -50 "$W/transfer.txt" 2>/dev/null; } \
     >>"$OUT/summary.txt"
   # server/client logs and step logs (the simulator's replay reads them); not raw output nor datasets
   tar -czf "$OUT/logs.tgz" -C "$W" --exclude='*/raw' --exclude='*.jsonl.tmp' --exclude='ab/dataset*' \
@@ -97,7 +99,7 @@ m('llama3-8b', Path('$R/model'), Path('$R'))"
   PROFILE=(--profile gpu --kv-tokens 16384 --chunked-prefill 1024 --num-requests 150)
   CLASSES='{"standard": {"ttft_ms": 5000, "tbt_ms": 100}, "tight": {"ttft_ms": 1000, "tbt_ms": 50}}'
   SLOS=(--ttft-slo-ms 5000 --tbt-slo-ms 100 --slo-classes "$CLASSES" --class-mix standard:3,tight:1)
-  READY=200; TRANSFER=(--quick --gib 0.25); TRANSFER_S=70
+  READY=200; TRANSFER=(--quick --gib 0.25); TRANSFER_S=80
 else
   setup() {
     { echo "cpu-smoke: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores)"

@@ -13,8 +13,11 @@ Needs only torch (+ triton for the kernel paths), no SGLang, so it runs on the G
              back-to-back copies of one contiguous segment size (the simulator's link model),
              issued from Python and from a captured CUDA graph
   tuning     both kernel paths for several tile sizes and warp counts
+  ring       triton-dma's staging ring (slots x slot size) at 2 MB blocks, beside its serial form and
+             the ceiling
   rotation   a Llama-3-8B-shaped request (32 layers, 8 KV heads, head_dim 128, bf16, 4096 tokens)
-             out, in, and both at once through RotationEngine, checked bit-exact
+             out, in, and both at once through RotationEngine, checked bit-exact; on a GPU also the
+             path `auto` picks by its startup probe
 The JSON is rewritten after each section, so a run cut off by its time limit keeps what finished.
 """
 
@@ -30,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+from ..duplexkv.staging_ring import DEFAULT_RING_SLOTS, DEFAULT_SLOT_BYTES
 from .transfer_rig import KERNEL_METHODS, MB, METHODS, Config, Shape, Streams
 from .transfer_sweeps import (
+    run_ring_sweep,
     run_rotation,
     run_segment_sweep,
     run_segment_sweep_graph,
@@ -41,7 +46,8 @@ from .transfer_sweeps import (
 )
 
 SECTIONS = {"sweep": run_sweep, "sm_sweep": run_sm_sweep, "segments": run_segment_sweep,
-            "segments_graph": run_segment_sweep_graph, "tuning": run_tuning_sweep, "rotation": run_rotation}
+            "segments_graph": run_segment_sweep_graph, "tuning": run_tuning_sweep, "ring": run_ring_sweep,
+            "rotation": run_rotation}
 QUICK_SECTIONS = ("rotation", "sweep")
 
 
@@ -50,6 +56,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if not cuda and not args.cpu_smoke:
         raise SystemExit("no CUDA device: run with --cpu-smoke")
     methods = [m for m in METHODS if m not in KERNEL_METHODS or cuda or os.environ.get("TRITON_INTERPRET") == "1"]
+    if args.methods:
+        unknown = set(args.methods.split(",")) - set(METHODS)
+        if unknown:
+            raise SystemExit(f"unknown methods {sorted(unknown)}; known: {METHODS}")
+        methods = [m for m in methods if m in args.methods.split(",")]
+    ring = {k: v for k, v in (("ring_slots", args.ring_slots),
+                              ("ring_slot_bytes", args.ring_slot_mb and int(args.ring_slot_mb * MB))) if v}
     if cuda:
         return Config(
             device=torch.device("cuda"),
@@ -58,9 +71,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
             volume=int(args.gib * 2**30),
             iters=args.iters,
             max_sms=args.max_sms,
-            max_copy_ops=16384,
+            max_copy_ops=4096 if args.quick else 16384,  # quick: per-page methods cut to a few seconds
             methods=methods,
             rotation=dict(layers=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, tokens=4096, block_tokens=16),
+            ring=ring,
         )
     return Config(
         device=torch.device("cpu"),
@@ -72,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         max_copy_ops=256,
         methods=methods,
         rotation=dict(layers=2, kv_heads=2, head_dim=16, dtype=torch.float16, tokens=64, block_tokens=4),
+        ring=ring,
     )
 
 
@@ -96,6 +111,7 @@ def meta(cfg: Config) -> dict:
         volume_bytes_per_direction=cfg.volume,
         max_sms=cfg.max_sms,
         iters=cfg.iters,
+        ring=cfg.ring or dict(ring_slots=DEFAULT_RING_SLOTS, ring_slot_bytes=DEFAULT_SLOT_BYTES),
         time=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
 
@@ -149,14 +165,37 @@ def summarize(result: dict) -> None:
         if "error" not in r:
             print(f"  tuning {r['method']:<14} tile {r['tile_words']:>6} warps {r['num_warps']:>2} {r['direction']:<4} "
                   f"{r['gbps_per_direction']:8.2f} GB/s")
+    for r in result.get("ring", []):
+        if "error" not in r:
+            ring = f"{r['ring_slots']} x {r['slot_bytes'] / MB:g} MiB" if "ring_slots" in r else ""
+            print(f"  ring {r['method']:<18} {ring:<14} {r['direction']:<4} {r['gbps_per_direction']:8.2f} GB/s")
+    for line in ceiling_ratios(result.get("sweep", []) + result.get("ring", [])):
+        print(line)
     for r in result.get("rotation", []):
         if "error" in r:
             print(f"  rotation {r['transfer']:<14} ERROR {r['error']}")
+        elif "chosen" in r:
+            print(f"  rotation auto picks {r['chosen']} (probe, duplex ms per path: {r['probe_duplex_ms']})")
         else:
             print(f"  rotation {r['transfer']:<14} out {r['out_ms']:9.2f} ms ({r['out_gbps']:.2f} GB/s) "
                   f"in {r['in_ms']:9.2f} ms ({r['in_gbps']:.2f} GB/s) both {r['duplex_ms']:9.2f} ms "
                   f"({r['duplex_gbps_per_direction']:.2f} GB/s each way; engine copy ms {r['engine_copy_ms']}) "
                   f"exact={r['bit_exact']}")
+
+
+def ceiling_ratios(rows: list[dict]) -> list[str]:
+    """Each dma path's GB/s as a share of the pinned cudaMemcpy on the same rig (issue 34: >= 90%)."""
+    ceiling = {(r["block_bytes"], r["direction"]): r["gbps_per_direction"] for r in rows
+               if r.get("method") == "memcpy-ceiling" and "gbps_per_direction" in r}
+    lines = []
+    for r in rows:
+        key = (r.get("block_bytes"), r.get("direction"))
+        if r.get("method") in ("triton-dma", "triton-dma-serial", "triton-hybrid") and key in ceiling \
+                and "gbps_per_direction" in r:
+            ring = f" ring {r['ring_slots']}x{r['slot_blocks']} blocks" if "ring_slots" in r else ""
+            lines.append(f"  {r['method']:<18} {key[0]:>9} B {key[1]:<5}{ring} "
+                         f"{100 * r['gbps_per_direction'] / ceiling[key]:6.1f}% of the pinned copy")
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -166,9 +205,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-sms", type=int, default=8, help="cap on the kernel paths' persistent grid")
     p.add_argument("--gib", type=float, default=1.0, help="GiB moved per direction per measurement (GPU)")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--ring-slots", type=int, default=None,
+                   help=f"triton-dma's staging ring: slots (default {DEFAULT_RING_SLOTS}, the engine's)")
+    p.add_argument("--ring-slot-mb", type=float, default=None,
+                   help=f"triton-dma's staging ring: MiB per slot (default {DEFAULT_SLOT_BYTES / MB:g}, the engine's)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (Triton paths need TRITON_INTERPRET=1)")
     p.add_argument("--quick", action="store_true",
                    help=f"only {', '.join(QUICK_SECTIONS)} (one 4 MB block size on a GPU)")
+    p.add_argument("--methods", help=f"comma list from {','.join(METHODS)} (default: all that can run here)")
     p.add_argument("--sections", help=f"comma list from {','.join(SECTIONS)} (default: all, or --quick's)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds: start no section after this much time has passed")

@@ -3,9 +3,11 @@
 The methods measured (bytes per direction are KV payload bytes: tokens x layers x 2 x kv_heads x
 head_dim x element size):
   memcpy-ceiling   one large pinned copy per direction: the bandwidth ceiling (a reference)
-  naive, triton-dma, triton-direct
-                   the rotation engine's own transfer paths (duplexkv/transfer.py: make_path), called
-                   exactly as RotationEngine calls them, on a host pool of the engine's own layout
+  naive, triton-dma, triton-dma-serial, triton-hybrid, triton-direct
+                   the rotation engine's own transfer path objects (duplexkv/transfer.py: make_path),
+                   called exactly as RotationEngine calls them, on a host pool of the engine's own
+                   layout; triton-dma is the pipelined staging ring (with the rig's ring options),
+                   triton-dma-serial its unpipelined form, triton-hybrid the duplex alternative
   hicache-like (torch re-creation)
                    SGLang HiCache's pattern re-created in torch (sgl_kernel needs SGLang): per layer
                    and K/V, an index gather/scatter on the device plus one copy to or from a
@@ -30,9 +32,9 @@ from ..duplexkv.host_pool import HostKVPool
 from ..duplexkv.transfer import make_path
 
 HICACHE = "hicache-like (torch re-creation)"
-ENGINE_PATHS = ("naive", "triton-dma", "triton-direct")
-METHODS = ["memcpy-ceiling", "naive", "triton-dma", "triton-direct", HICACHE]
-KERNEL_METHODS = {"triton-dma", "triton-direct"}
+ENGINE_PATHS = ("naive", "triton-dma", "triton-dma-serial", "triton-hybrid", "triton-direct")
+METHODS = ["memcpy-ceiling", *ENGINE_PATHS, HICACHE]
+KERNEL_METHODS = {"triton-dma", "triton-dma-serial", "triton-hybrid", "triton-direct"}
 MB = 2**20
 
 
@@ -66,6 +68,7 @@ class Config:
     max_copy_ops: int  # caps per-piece methods so one run stays short
     methods: list[str]
     rotation: dict
+    ring: dict = field(default_factory=dict)  # staging ring options of the ring paths (default: the engine's)
 
 
 @dataclass
@@ -82,16 +85,18 @@ class Rig:
     tokens: int  # n, per direction
     max_sms: int
     tuning: dict = field(default_factory=dict)  # tile_words / num_warps for the kernels (default: theirs)
-    paths: dict = field(default_factory=dict)  # the engine's path objects, built on first use
+    ring: dict = field(default_factory=dict)  # ring_slots / ring_slot_bytes of the ring paths (default: theirs)
+    paths: dict = field(default_factory=dict)  # the engine's path objects, built on first use per ring
 
     @property
     def token_bytes(self) -> int:
         return self.pool.bytes_per_token
 
     def path(self, method: str):  # type: ignore[no-untyped-def]
-        if method not in self.paths:
-            self.paths[method] = make_path(method, self.pool, self.host, self.max_sms)
-        p = self.paths[method]
+        key = (method, tuple(sorted(self.ring.items())))
+        if key not in self.paths:
+            self.paths[key] = make_path(method, self.pool, self.host, self.max_sms, **self.ring)
+        p = self.paths[key]
         if method in KERNEL_METHODS:
             p.launch = dict(layer_shape=self.pool.layer_shape, dtype=self.pool.dtype, max_programs=self.max_sms,
                             **self.tuning)
@@ -112,7 +117,7 @@ def build_rig(cfg: Config, block_bytes: int) -> Rig:
         pool=pool, host=host,
         staging=torch.empty(host.data.shape, dtype=sh.dtype, device=cfg.device),
         layer_first=torch.empty((2, layers, 2 * n, sh.kv_heads, sh.head_dim), dtype=sh.dtype, pin_memory=pin),
-        layers=layers, block_tokens=bt, tokens=n, max_sms=cfg.max_sms,
+        layers=layers, block_tokens=bt, tokens=n, max_sms=cfg.max_sms, ring=dict(cfg.ring),
     )
 
 
@@ -175,9 +180,12 @@ def ops_per_block(method: str, layers: int) -> int:
     return 2 * layers if method in ("naive", HICACHE) else 0
 
 
-def ops_per_direction(method: str, blocks: int, layers: int) -> int:
-    """Copies or launches issued per direction (HiCache-like also runs an index op per copy)."""
-    batched = {"memcpy-ceiling": 1, "triton-direct": 1, "triton-dma": 2}
+def ops_per_direction(method: str, blocks: int, layers: int, slot_blocks: int = 0) -> int:
+    """Copies or launches issued per direction (HiCache-like also runs an index op per copy; the ring
+    paths a launch and a copy per chunk of slot_blocks blocks, the hybrid's out one launch)."""
+    if method in ("triton-dma", "triton-hybrid") and slot_blocks:
+        return 2 * -(-blocks // slot_blocks)
+    batched = {"memcpy-ceiling": 1, "triton-direct": 1, "triton-dma-serial": 2}
     return batched.get(method, blocks * ops_per_block(method, layers))
 
 

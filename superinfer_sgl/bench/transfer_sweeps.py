@@ -1,5 +1,6 @@
 """The KV transfer benchmark's sections: block-size sweep, SM sweep, segment sweeps (Python-issued
-and graph-issued), tile tuning, and one model-shaped rotation through RotationEngine.
+and graph-issued), tile tuning, the staging ring's sizes, and one model-shaped rotation through
+RotationEngine.
 
 Every section returns rows (dicts); a failing measurement becomes a row with an `error` so one
 failure does not lose the rest of a GPU call.
@@ -34,6 +35,8 @@ def sweep_rows(cfg: Config, streams: Streams, rig: Rig, block_bytes: int, method
     tokens = tokens_for(cfg, rig, method)
     nbytes = tokens * rig.token_bytes
     blocks = tokens // rig.block_tokens
+    ring = getattr(rig.path(method), "rings", {}) if method in KERNEL_METHODS else {}
+    slot_blocks = next(iter(ring.values())).slot_blocks if ring else 0
     base = dict(
         method=method,
         block_bytes=block_bytes,
@@ -42,7 +45,8 @@ def sweep_rows(cfg: Config, streams: Streams, rig: Rig, block_bytes: int, method
         piece_bytes=rig.block_tokens * cfg.shape.row_bytes if ops_per_block(method, rig.layers) else block_bytes,
         bytes_per_direction=nbytes,
         programs=rig.max_sms if method in KERNEL_METHODS else 0,
-        ops_per_direction=ops_per_direction(method, blocks, rig.layers),
+        ops_per_direction=ops_per_direction(method, blocks, rig.layers, slot_blocks),
+        **({"ring_slots": next(iter(ring.values())).slots, "slot_blocks": slot_blocks} if ring else {}),
     )
     rows = []
     for directions in (("out",), ("in",), ("out", "in")):
@@ -108,6 +112,40 @@ def run_tuning_sweep(cfg: Config, streams: Streams) -> list[dict]:
                                  num_warps=num_warps, seconds=s, gbps_per_direction=rig.tokens * rig.token_bytes / s / 1e9)]
                 rows.extend(guarded(one, method=method, tile_words=tile_words, num_warps=num_warps))
     rig.tuning = {}
+    return rows
+
+
+# (slots, blocks per slot) of the ring sweep, at 2 MiB blocks (16 tokens of Llama-3-8B in bf16) on a GPU:
+# slots of 2..32 MiB; the engine's default is 3 x 16 MiB (duplexkv/staging_ring.py)
+RING_SWEEP = [(2, 4), (3, 1), (3, 2), (3, 4), (3, 8), (3, 16), (4, 4)]
+
+
+def run_ring_sweep(cfg: Config, streams: Streams) -> list[dict]:
+    """triton-dma (the pipelined ring) for several ring sizes, one way and both ways at once, beside
+    its serial form and the ceiling on the same rig: what the slot count and size buy."""
+    if "triton-dma" not in cfg.methods:
+        return []
+    cuda = cfg.device.type == "cuda"
+    block_bytes = 2 * MB if cuda else cfg.block_sizes[0]
+    rig = build_rig(cfg, block_bytes)
+    nbytes = rig.tokens * rig.token_bytes
+    rows = []
+    sizes = RING_SWEEP if cuda else [(2, 16)]  # a CPU runs the kernels interpreted: one ring of 4 chunks
+    variants = [("memcpy-ceiling", None), ("triton-dma-serial", None)] + [("triton-dma", r) for r in sizes]
+    for method, ring in variants:
+        if ring is not None:
+            rig.paths.clear()  # one ring's staging at a time
+            rig.ring = dict(ring_slots=ring[0], ring_slot_bytes=ring[1] * rig.token_bytes * rig.block_tokens)
+        for directions in (("out",), ("in",), ("out", "in")):
+            def one(method=method, ring=ring, directions=directions) -> list[dict]:
+                s = measure(cfg, streams, rig, method, directions, rig.tokens)
+                label = directions[0] if len(directions) == 1 else "both"
+                return [dict(method=method, direction=label, block_bytes=block_bytes, seconds=s,
+                             gbps_per_direction=nbytes / s / 1e9,
+                             **({"ring_slots": ring[0], "slot_blocks": ring[1],
+                                 "slot_bytes": ring[1] * rig.token_bytes * rig.block_tokens} if ring else {}))]
+            rows.extend(guarded(one, method=method, ring=ring, directions=directions))
+    rig.ring = dict(cfg.ring)
     return rows
 
 
@@ -218,12 +256,22 @@ def run_rotation(cfg: Config, streams: Streams) -> list[dict]:
     out_slots, in_slots = (
         (pages[i * per_half : (i + 1) * per_half, None] * bt + torch.arange(bt)).flatten().to(cfg.device) for i in (0, 1)
     )
-    transfers = ["naive", "torch"] + [m for m in ("triton-dma", "triton-direct") if m in cfg.methods]
+    kernels = ("triton-dma", "triton-dma-serial", "triton-hybrid", "triton-direct")
+    transfers = [m for m in ("naive",) if m in cfg.methods] + ["torch"] + [m for m in kernels if m in cfg.methods]
     rows = []
     for transfer in transfers:
         one = lambda transfer=transfer: [rotate(cfg, streams, pool, host, transfer, out_slots, in_slots)]  # noqa: E731
         rows.extend(guarded(one, transfer=transfer))
+    if cfg.device.type == "cuda":  # what `auto` picks here: the engine's startup probe of the candidates
+        rows.extend(guarded(lambda: [auto_pick(cfg, pool, host)], transfer="auto"))
     return rows
+
+
+def auto_pick(cfg: Config, pool: DevicePoolView, host: HostKVPool) -> dict:
+    engine = RotationEngine(pool, host, transfer="auto", max_programs=cfg.max_sms, ring=cfg.ring)
+    engine.quiesce()
+    return dict(transfer="auto", chosen=engine.transfer,
+                probe_duplex_ms={k: round(v * 1e3, 3) for k, v in engine.transfer_probe.items()})
 
 
 def rotate(
@@ -236,7 +284,7 @@ def rotate(
     in_slots: torch.Tensor,
 ) -> dict:
     """Save out_slots to host and load them back into in_slots with one engine path; bit-exact check."""
-    engine = RotationEngine(pool, host, transfer=transfer, max_programs=cfg.max_sms)
+    engine = RotationEngine(pool, host, transfer=transfer, max_programs=cfg.max_sms, ring=cfg.ring)
     nbytes = out_slots.numel() * pool.bytes_per_token
     saved = []
 

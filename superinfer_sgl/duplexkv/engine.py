@@ -15,9 +15,8 @@ out (engine.free drops it), each request mirror (eager.py), each prefetch not ye
 copy still in flight (dropped by _reap() once its event has completed, so a block is never handed out
 again while a queued copy still reads or writes it).
 
-On a GPU: the pinned host pool, the CUDA streams and events, both directions at once and
-`in_after_out` ran on a lent H100 (the CUDA-marked unit tests, docs/status.md); the
-CPU suite runs the torch path. Not yet run: the engine inside SGLang on a GPU server.
+On a GPU the streams, events, both directions at once and `in_after_out` ran in the CUDA-marked
+unit tests (docs/status.md); the CPU suite runs the same code synchronously.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from superinfer_sgl.duplexkv.copy_timing import CopyTimer, TimedCall
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.eager import EagerMirror
 from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
+from superinfer_sgl.duplexkv.link_probe import pick_by_probe
 from superinfer_sgl.duplexkv.prefetch import PrefetchTable
 from superinfer_sgl.duplexkv.streams import After, CopyEvent, CopyLane, InflightCopies, RotationHandle, as_events
 from superinfer_sgl.duplexkv.transfer import TRANSFERS, gather_batch, make_path, pick_transfer, scatter_batches
@@ -65,9 +65,8 @@ class _OutPlan:
     new: list[int] = field(default_factory=list)
 
 
-# Programs (SMs) a kernel path may keep busy: the rest stay with the forward pass. On an H100 over
-# PCIe Gen5, 8 programs moved 93% of a pinned cudaMemcpy one way with triton-direct, and all 132 SMs
-# added nothing there and about a quarter with triton-dma (docs/results.md#gpu).
+# Programs (SMs) a kernel path may keep busy; the rest stay with the forward pass. H100, PCIe Gen5: 8 moved
+# 93% of a pinned cudaMemcpy one way (triton-direct); 132 added nothing there, ~25% to triton-dma (results.md#gpu).
 DEFAULT_MAX_PROGRAMS = 8
 
 
@@ -80,13 +79,14 @@ class RotationEngine:
         host_pool: HostKVPool,
         transfer: str = "auto",
         max_programs: int | None = DEFAULT_MAX_PROGRAMS,
+        ring: dict[str, int] | None = None,
     ) -> None:
+        """ring: staging ring options of the ring paths (transfer.make_path); `auto` on CUDA: see below."""
         _check_compatible(device_pool, host_pool)
         if transfer not in TRANSFERS:
             raise ValueError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
         self.device_pool, self.host_pool = device_pool, host_pool
-        self.transfer = pick_transfer(device_pool.device) if transfer == "auto" else transfer
-        self._path = make_path(self.transfer, device_pool, host_pool, max_programs)
+        self._max_programs, self._ring = max_programs, dict(ring or {})
         dev = device_pool.device
         self._out, self._in, self._eager = CopyLane(dev, priority=-1), CopyLane(dev, priority=-1), CopyLane(dev)
         self.mirror = EagerMirror(host_pool.allocator, host_pool.block_tokens)
@@ -101,6 +101,15 @@ class RotationEngine:
         # rotations in served by a prefetch without a second copy, prefetches dropped unused.
         self.bytes_prefetched = self.bytes_prefetch_hits = self.prefetches_cancelled = 0
         self.copy_timer = CopyTimer()  # seconds per direction and of overlap, read as copies are reaped
+        self.use_transfer(pick_transfer(dev) if transfer == "auto" else transfer)
+        # auto on CUDA: the candidate paths' seconds for one duplex rotation; the fastest is kept (link_probe.py)
+        self.transfer_probe: dict[str, float] = pick_by_probe(self) if transfer == "auto" and dev.type == "cuda" else {}
+
+    def use_transfer(self, transfer: str) -> None:
+        """Copy through `transfer` from now on, once the copies in flight have run (the startup probe)."""
+        self.quiesce()
+        self._path = make_path(transfer, self.device_pool, self.host_pool, self._max_programs, **self._ring)
+        self.transfer = transfer
 
     # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:
@@ -373,20 +382,16 @@ class RotationEngine:
         bt = self.host_pool.block_tokens
         with self._out.run(after, also=[e for p in plans for e in p.pending]), \
                 self.copy_timer.span(timed, "out", self._out.stream):
-            parts = [
-                (self._device_slots(self._out, p.req.slots[len(p.reused) * bt : p.req.num_tokens]), p.new)
-                for p in plans
-                if p.new
-            ]
+            parts = [(self._device_slots(self._out, p.req.slots[len(p.reused) * bt : p.req.num_tokens]), p.new)
+                     for p in plans if p.new]
             if parts:
                 self._path.to_host(*gather_batch(parts, bt))
         return self._out.record()
 
     def _launch_in(self, ins: list[RotateIn], after: After, also: Sequence[CopyEvent], timed: TimedCall) -> CopyEvent:
         with self._in.run(after, also=also), self.copy_timer.span(timed, "in", self._in.stream):
-            parts = [
-                (self._device_slots(self._in, i.slots), list(i.host_kv.block_ids)) for i in ins if i.host_kv.num_tokens
-            ]
+            parts = [(self._device_slots(self._in, i.slots), list(i.host_kv.block_ids))
+                     for i in ins if i.host_kv.num_tokens]
             for slots, blocks in scatter_batches(parts, self.host_pool.block_tokens):
                 self._path.to_device(blocks, slots)
         return self._in.record()

@@ -1,12 +1,21 @@
 """Transfer paths: how one batch of token slots moves between the device pool and host blocks.
 
 Every path takes (slots, blocks) with token i of `slots` in block blocks[i // block_tokens], row
-i % block_tokens, and copies on the current stream (the engine picks the stream).
+i % block_tokens, and copies on the current stream (the engine picks the stream; the staging ring
+also runs its gathers / scatters on a helper stream of that stream, which the current stream has
+waited for by the time the call returns).
   torch          per layer, index_select / index_put vectorised over tokens (the CPU path)
   naive          one copy per page per layer per K/V, page = block_tokens tokens (what stock swap does)
   triton-direct  one kernel launch reads/writes pinned host memory directly
-  triton-dma     one kernel launch gathers into device staging, then one DMA per contiguous run of
-                 host blocks per direction (one in total when the blocks are contiguous)
+  triton-dma     the gather into a fixed ring of device staging slots pipelined with the DMA out of
+                 them, chunk by chunk on two streams (staging_ring.py); in: DMA into the ring, then
+                 scatter, mirrored
+  triton-dma-serial
+                 the unpipelined form (the benchmark's baseline): one gather into staging as large as
+                 the transfer, then one DMA per contiguous run of host blocks
+  triton-hybrid  a duplex alternative to triton-direct: out as triton-direct (one kernel writes pinned
+                 host memory), in as triton-dma (copy engine + scatter), so the two directions use
+                 different engines of the link
 On CUDA every path except torch is asynchronous with respect to the host (pinned host memory,
 non_blocking copies); the torch path's .cpu() synchronises its stream.
 With fp8 host blocks (HostKVPool.quantized, --rotary-kv-dtype fp8_e4m3) the torch and Triton paths
@@ -21,23 +30,25 @@ from typing import Protocol
 import torch
 
 # The --kv-transfer choices are defined once, with the option (config is pure Python).
-from superinfer_sgl.config import KV_TRANSFERS as TRANSFERS
+from superinfer_sgl.config import KV_TRANSFERS
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv import quant
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
+from superinfer_sgl.duplexkv.staging_ring import DEFAULT_RING_SLOTS, DEFAULT_SLOT_BYTES, StagingRing, runs
 
 _SUPERCHIPS = ("GH200", "GB200", "GB300")
 
 
 def pick_transfer(device: torch.device | str) -> str:
-    """Default transfer path for a device.
+    """Transfer path for a device by its kind alone (`auto` before, or without, the startup probe).
 
     CPU: "torch" (Triton would need the interpreter). CUDA: "triton-dma", except on superchips with
     NVLink-C2C (GH200/GB200), where "triton-direct". On an H100 over PCIe Gen5 at 8 SMs
     (docs/results.md#gpu) triton-direct is faster one way but slower with both directions at once, and
     it keeps its SMs for the whole transfer where triton-dma holds them only for the on-device
     gather; rotation steps move both ways, so PCIe GPUs keep triton-dma. Over coherent C2C direct
-    access skips the staging pass (reasoned, not measured: no GH200 here).
+    access skips the staging pass (reasoned, not measured: no GH200 here). On CUDA, RotationEngine
+    with `auto` then times the candidates (link_probe.probe_transfers) and keeps the fastest.
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -171,8 +182,9 @@ class _TritonDirectPath:
             self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, h.data, self._ids(blocks), **self.launch)
 
 
-class _TritonDmaPath(_TritonDirectPath):
-    """Staging on the device, then one DMA per run of host blocks (and one for their fp8 scales)."""
+class _TritonDmaSerialPath(_TritonDirectPath):
+    """Staging on the device as large as the transfer, then one DMA per run of host blocks (and one
+    for their fp8 scales): the gather and the DMA one after the other."""
 
     def _staging(self, num_blocks: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         dev, host = self.dev.device, self.host
@@ -187,18 +199,52 @@ class _TritonDmaPath(_TritonDirectPath):
         pairs, ids = self._staging(len(blocks))
         gather = self.kernels.gather_kv_blocks_fp8 if self.host.quantized else self.kernels.gather_kv_blocks
         gather(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
-        for start, first, length in _runs(blocks):
+        for start, first, length in runs(blocks):
             for staged, host in pairs:
                 host[first : first + length].copy_(staged[start : start + length], non_blocking=True)
 
     def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
         d = self.dev
         pairs, ids = self._staging(len(blocks))
-        for start, first, length in _runs(blocks):
+        for start, first, length in runs(blocks):
             for staged, host in pairs:
                 staged[start : start + length].copy_(host[first : first + length], non_blocking=True)
         scatter = self.kernels.scatter_kv_blocks_fp8 if self.host.quantized else self.kernels.scatter_kv_blocks
         scatter(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
+
+
+class _TritonRingPath(_TritonDirectPath):
+    """triton-dma: the gather (scatter) kernel pipelined with the DMA through a staging ring per
+    direction (staging_ring.py), allocated here, once."""
+
+    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None,
+                 ring_slots: int = DEFAULT_RING_SLOTS, ring_slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 directions: tuple[str, ...] = ("out", "in")) -> None:
+        super().__init__(dev, host, max_programs)
+        tensors = [host.data, host.scales] if host.quantized else [host.data]
+        self.rings = {d: StagingRing(tensors, dev.device, ring_slots, ring_slot_bytes) for d in directions}
+
+    def _kernel(self, name: str):  # type: ignore[no-untyped-def]
+        kernel = getattr(self.kernels, f"{name}_kv_blocks_fp8" if self.host.quantized else f"{name}_kv_blocks")
+        d = self.dev
+        return lambda slots, *staged_and_ids: kernel(d.k_ptrs, d.v_ptrs, slots, *staged_and_ids, **self.launch)
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        self.rings["out"].to_host(self._kernel("gather"), slots, blocks, self.host.block_tokens)
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        self.rings["in"].to_device(self._kernel("scatter"), blocks, slots, self.host.block_tokens)
+
+
+class _TritonHybridPath(_TritonRingPath):
+    """Out as triton-direct (one kernel writes pinned host memory: posted writes, no staging), in as
+    triton-dma (copy engine into the ring, then scatter): a duplex alternative to triton-direct,
+    whose kernels in both directions share the link's reads and writes at once."""
+
+    def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None, **ring: int) -> None:
+        super().__init__(dev, host, max_programs, directions=("in",), **ring)
+
+    to_host = _TritonDirectPath.to_host
 
 
 def _import_kernels():
@@ -214,23 +260,25 @@ PATHS: dict[str, type] = {
     "torch": _TorchPath,
     "naive": _NaivePath,
     "triton-direct": _TritonDirectPath,
-    "triton-dma": _TritonDmaPath,
+    "triton-dma": _TritonRingPath,
+    "triton-dma-serial": _TritonDmaSerialPath,
+    "triton-hybrid": _TritonHybridPath,
 }
+RING_PATHS = ("triton-dma", "triton-hybrid")  # the paths that take ring options (ring_slots, ring_slot_bytes)
+# What RotationEngine accepts: --kv-transfer's choices (config.KV_TRANSFERS) and every path here.
+TRANSFERS = tuple(dict.fromkeys([*KV_TRANSFERS, *PATHS]))
 
 
-def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> TransferPath:
+def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs: int | None,
+              **ring: int) -> TransferPath:
+    """The path object `transfer` over these pools; `ring` (ring_slots, ring_slot_bytes) sizes the
+    staging rings of the RING_PATHS (the other paths have none and ignore it)."""
+    unknown = set(ring) - {"ring_slots", "ring_slot_bytes"}
+    if unknown:
+        raise ValueError(f"unknown staging ring options {sorted(unknown)}: ring_slots, ring_slot_bytes")
     if transfer == "torch" and host.quantized:
         return _TorchFp8Path(dev, host, max_programs)
-    return PATHS[transfer](dev, host, max_programs)
-
-
-def _runs(blocks: list[int]) -> Iterator[tuple[int, int, int]]:
-    """Maximal runs of consecutive block ids as (position in `blocks`, first id, length)."""
-    start = 0
-    for i in range(1, len(blocks) + 1):
-        if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
-            yield start, blocks[start], i - start
-            start = i
+    return PATHS[transfer](dev, host, max_programs, **(ring if transfer in RING_PATHS else {}))
 
 
 # ---------------------------------------------------------------- batching several requests into one launch

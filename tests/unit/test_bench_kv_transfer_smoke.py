@@ -61,3 +61,49 @@ def test_the_benchmark_calls_the_engines_path_objects(monkeypatch: pytest.Monkey
     bt = rig.block_tokens
     k0 = rig.pool.k_buffers[0][:bt]
     assert torch.equal(rig.host.data[0, 0, 0].view(torch.uint8), k0.view(torch.uint8))
+
+
+def test_the_ring_is_a_path_option_of_the_engines_own_triton_dma(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ring-slots / --ring-slot-mb reach the engine's _TritonRingPath through make_path (building a
+    path launches nothing, so no Triton is needed); its serial form and the hybrid are methods too."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = config_from_args(parse_args(["--cpu-smoke", "--ring-slots", "2", "--ring-slot-mb", "0.001"]))
+    assert {"triton-dma", "triton-dma-serial", "triton-hybrid", "triton-direct"} <= set(cfg.methods)
+    assert cfg.ring == {"ring_slots": 2, "ring_slot_bytes": 1048}
+    rig = transfer_rig.build_rig(cfg, cfg.block_sizes[0])
+    path = rig.path("triton-dma")
+    assert isinstance(path, transfer._TritonRingPath) and path.rings["out"].slots == 2
+    assert path.rings["in"].slot_blocks == max(1, 1048 // rig.host.bytes_per_block)
+    assert isinstance(rig.path("triton-dma-serial"), transfer._TritonDmaSerialPath)
+    assert set(rig.path("triton-hybrid").rings) == {"in"}
+    rig.ring = {"ring_slots": 3}
+    assert rig.path("triton-dma") is not path and rig.path("triton-dma").rings["out"].slots == 3
+
+
+def test_quick_gpu_run_measures_the_ring_its_serial_form_and_the_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What scripts/gpu_ab.sh's transfer stage runs (--quick --gib 0.25) on a GPU, without one."""
+    from superinfer_sgl.bench.kv_transfer import QUICK_SECTIONS, sections
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = parse_args(["--quick", "--gib", "0.25"])
+    cfg = config_from_args(args)
+    assert sections(args) == list(QUICK_SECTIONS) == ["rotation", "sweep"]
+    assert {"memcpy-ceiling", "triton-dma", "triton-dma-serial", "triton-hybrid"} <= set(cfg.methods)
+    assert cfg.block_sizes == [4 * 2**20] and cfg.max_copy_ops == 4096 and cfg.ring == {}
+    # the GPU check of the ring alone (docs/duplexkv.md): the per-page methods left out
+    only = config_from_args(parse_args(["--quick", "--methods", "memcpy-ceiling,triton-dma,triton-dma-serial"]))
+    assert only.methods == ["memcpy-ceiling", "triton-dma", "triton-dma-serial"]
+    with pytest.raises(SystemExit):
+        config_from_args(parse_args(["--quick", "--methods", "triton-ring"]))
+
+
+def test_ceiling_ratios_name_each_dma_paths_share_of_the_pinned_copy() -> None:
+    from superinfer_sgl.bench.kv_transfer import ceiling_ratios
+
+    rows = [dict(method="memcpy-ceiling", block_bytes=4, direction="out", gbps_per_direction=50.0),
+            dict(method="triton-dma", block_bytes=4, direction="out", gbps_per_direction=46.0, ring_slots=3,
+                 slot_blocks=2),
+            dict(method="triton-dma-serial", block_bytes=4, direction="out", gbps_per_direction=38.0),
+            dict(method="triton-dma", block_bytes=4, direction="in", gbps_per_direction=40.0)]  # no ceiling row
+    lines = ceiling_ratios(rows)
+    assert len(lines) == 2 and "92.0%" in lines[0] and "ring 3x2" in lines[0] and "76.0%" in lines[1]

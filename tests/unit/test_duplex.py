@@ -32,21 +32,21 @@ from superinfer_sgl.duplexkv.transfer import gather_batch, scatter_batches  # no
 
 BT = 4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-PATHS = ["torch", "naive", "triton-direct", "triton-dma"]
+PATHS = ["torch", "naive", "triton-direct", "triton-dma", "triton-dma-serial", "triton-hybrid"]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
-def make_engine(transfer: str = "torch", blocks: int = 24, rows: int = 128) -> RotationEngine:
+def make_engine(transfer: str = "torch", blocks: int = 24, rows: int = 128, ring: dict | None = None) -> RotationEngine:
     gen = torch.Generator().manual_seed(0)
     dev = DevicePoolView.synthetic(rows, 2, 2, 8, torch.bfloat16, DEVICE)
     for buf in dev.k_buffers + dev.v_buffers:
         bits(buf).copy_(torch.randint(0, 256, bits(buf).shape, dtype=torch.uint8, generator=gen))
     host = HostKVPool(blocks, 2, 2, 8, BT, torch.bfloat16, pin=None)
     bits(host.data).fill_(0x5A)
-    return RotationEngine(dev, host, transfer=transfer, max_programs=4)
+    return RotationEngine(dev, host, transfer=transfer, max_programs=4, ring=ring)
 
 
 def rows_at(engine: RotationEngine, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -267,10 +267,17 @@ def test_batches_pad_gathers_and_split_scatters():
     assert scatter_batches([], BT) == []
 
 
+# the CUDA tests' paths: the ring with many chunks of 4 blocks on 2 slots (512 B blocks here), with its
+# defaults, the serial form, and the hybrid
+CUDA_PATHS = [("triton-dma", dict(ring_slots=2, ring_slot_bytes=2048)), ("triton-dma", None),
+              ("triton-dma-serial", None), ("triton-hybrid", dict(ring_slots=2, ring_slot_bytes=2048))]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rotate_overlaps_and_orders_the_next_forward():
-    engine = make_engine("triton-dma", blocks=128, rows=1024)
+@pytest.mark.parametrize("transfer,ring", CUDA_PATHS)
+def test_cuda_rotate_overlaps_and_orders_the_next_forward(transfer, ring):
+    engine = make_engine(transfer, blocks=128, rows=1024, ring=ring)
     out_slots, in_slots = torch.arange(0, 200, device="cuda"), torch.arange(400, 600, device="cuda")
     want_in = rows_at(engine, torch.arange(200, 400, device="cuda"))
     hk_in = engine.save(torch.arange(200, 400, device="cuda"))
@@ -291,8 +298,9 @@ def test_cuda_rotate_overlaps_and_orders_the_next_forward():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_in_after_out_orders_a_resume_into_slots_still_being_saved():
-    engine = make_engine("triton-dma", blocks=1100, rows=8192)
+@pytest.mark.parametrize("transfer,ring", CUDA_PATHS)
+def test_cuda_in_after_out_orders_a_resume_into_slots_still_being_saved(transfer, ring):
+    engine = make_engine(transfer, blocks=1100, rows=8192, ring=ring)
     freed, elsewhere = torch.arange(0, 2000, device="cuda"), torch.arange(4000, 6000, device="cuda")
     want_in = rows_at(engine, elsewhere)
     hk_in = engine.save(elsewhere)

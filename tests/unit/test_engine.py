@@ -29,7 +29,7 @@ from superinfer_sgl.duplexkv import (  # noqa: E402
     pick_transfer,
 )
 
-PATHS = ["torch", "naive", "triton-direct", "triton-dma"]
+PATHS = ["torch", "naive", "triton-direct", "triton-dma", "triton-dma-serial", "triton-hybrid"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 POISON = 0x5A
 
@@ -175,7 +175,7 @@ def test_auto_picks_torch_on_cpu():
     assert make_engine("auto").transfer == "torch"
 
 
-@pytest.mark.parametrize("transfer", ["triton-direct", "triton-dma"])
+@pytest.mark.parametrize("transfer", ["triton-direct", "triton-dma", "triton-dma-serial", "triton-hybrid"])
 def test_kernel_paths_keep_at_most_8_programs_by_default(transfer):
     """The forward pass keeps the other SMs (issue 4's target; 8 reach 93% of cudaMemcpy on an H100).
     Building a path launches nothing, so this runs on any machine."""
