@@ -34,10 +34,13 @@ TEST_KNOB_ENV = {
 }
 SCHEDULERS = ("rotasched", "sglang")
 POLICIES = _POLICY_REGISTRY.names()
-KV_TRANSFERS = ("auto", "triton-dma", "triton-direct", "naive", "torch")
+KV_TRANSFERS = ("auto", "triton-dma", "triton-dma-serial", "triton-direct", "triton-hybrid", "naive", "torch")
 # Host rotary block dtype: auto = the device KV dtype (bits copied exactly, the default); fp8_e4m3 =
 # quantized blocks with per-block, per-head scales (duplexkv/quant.py; lossy, opt-in).
 ROTARY_KV_DTYPES = ("auto", "fp8_e4m3")
+# Prefix cache: radix = SGLang's radix cache with its --radix-eviction-policy; predictive = the
+# same tree evicting by predicted reuse with a bounded pin set (docs/prefix_cache.md).
+PREFIX_CACHES = ("radix", "predictive")
 ROTARY_KV_DTYPE_HELP = (
     "dtype of rotated-out KV in host memory. auto (default): the device KV dtype, copied bit-exactly; "
     "fp8_e4m3: quantized per block and KV head on the way out, dequantized on the way back: half the "
@@ -95,6 +98,7 @@ class SuperInferConfig:
     eager_sync: bool | None = None
     prefetch: bool = True
     mixed_resume: bool = True
+    prefix_cache: str = "radix"
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
     # Test and debug knobs (no flags; set from TEST_KNOB_ENV by the launcher, like SGLang's
@@ -114,6 +118,8 @@ class SuperInferConfig:
         if self.kv_transfer not in KV_TRANSFERS:
             raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
         self._check_rotary_kv_dtype()
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ConfigError(f"--prefix-cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
@@ -252,7 +258,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rotary-pool-gb", type=float, default=d.rotary_pool_gb,
                    help="host memory for rotated-out KV (default: derived from free RAM)")
     g.add_argument("--kv-transfer", choices=KV_TRANSFERS, default=d.kv_transfer,
-                   help="KV copy path between device and host pools")
+                   help="KV copy path between device and host pools (auto: on CUDA the fastest of the "
+                        "triton paths by a startup probe that also checks each round trip's bytes; "
+                        "docs/duplexkv.md)")
     g.add_argument("--rotary-kv-dtype", choices=ROTARY_KV_DTYPES, default=d.rotary_kv_dtype,
                    help=ROTARY_KV_DTYPE_HELP)
     g.add_argument("--eager-sync", action=argparse.BooleanOptionalAction, default=d.eager_sync,
@@ -265,6 +273,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
                         "one-token extend rides along with the decode batch instead of stalling it")
+    g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default=d.prefix_cache,
+                   help="radix (default): SGLang's radix cache, evicting by --radix-eviction-policy; "
+                        "predictive: the same tree (on SGLang's Python tree core) evicting by each "
+                        "prefix's predicted reuse, learned online from its hit history, with the "
+                        "top-predicted prefixes pinned within a quarter of the KV pool "
+                        "(docs/prefix_cache.md)")
 
 
 def knobs_from_env(environ: dict[str, str] | None = None) -> dict[str, int | bool]:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 from ..config import SuperInferConfig
 from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
 from ..rotasched.slo import check_slo_keys
-from . import http_guard, http_slo, input_guard
+from . import http_guard, http_slo, input_guard, prefix_cache
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
@@ -68,6 +68,10 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     # OpenAI bodies that are not JSON objects (500 in SGLang) and OpenAI's logprobs caps, which
     # SGLang does not enforce: 400 (http_guard.py).
     for target, hook, kind in http_guard.hooks():
+        yield target, hook, HookType[kind]
+    # --prefix-cache predictive: eviction by predicted reuse on SGLang's Python tree core
+    # (prefix_cache.py, docs/prefix_cache.md); nothing with the default radix cache.
+    for target, hook, kind in prefix_cache.hooks(cfg.prefix_cache, prefix_cache.PIN_SHARE):
         yield target, hook, HookType[kind]
 
 

@@ -192,7 +192,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--running-reserve", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
         "--no-prefetch",
-        "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms",
+        "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms", "--prefix-cache",
     }
 
 
@@ -248,3 +248,10 @@ def test_auto_or_a_number_for_the_derived_rotation_knobs() -> None:
                       ("--min-stint-ms", "soon"), ("--running-reserve", "half")):
         with pytest.raises(SystemExit):
             parse([flag, bad])
+
+
+def test_every_engine_transfer_path_is_a_flag_choice() -> None:
+    """--kv-transfer offers exactly the engine's paths (config stays importable without torch)."""
+    from superinfer_sgl.duplexkv.transfer import TRANSFERS
+
+    assert set(KV_TRANSFERS) == set(TRANSFERS)

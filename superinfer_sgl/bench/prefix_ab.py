@@ -1,0 +1,136 @@
+"""The prefix-cache A/B: ours (`--prefix-cache predictive`) against stock SGLang with each of its
+eviction policies (lru, lfu, slru, tlru), on workloads with reuse under KV pressure and a control
+without reuse (bench/prefix_workloads.py).
+
+    python -m superinfer_sgl.bench.prefix_ab --out results/prefix_cache/ab.json
+
+Every arm gets the same model, KV pool (--max-total-tokens), prefill chunk and CPU attention (the
+stock servers run with SUPERINFER_CPU_COMPAT=1, which switches on the same batched CPU attention
+and fast ops ours uses: equal attention speed). Ours runs our launcher with `--scheduler sglang`,
+so SGLang's scheduling is unchanged and the prefix cache is the only difference. One server per
+arm serves every workload and repeat (the cache flushed in between); arms run one after another
+in an order that rotates between repeats. A 2-core shared machine cannot pair five servers side by
+side, so run-to-run drift is measured instead: each arm's repeats are reported apart, and the
+differences' 95% intervals are paired bootstraps over the same requests (bench/prefix_stats.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from .prefix_client import run_workload
+from .prefix_stats import plot, summarize
+from .prefix_workloads import WORKLOADS, conversations, tenants, unique
+from .servers import OUR_MODULE, STOCK_MODULE, SystemSpec, launch, shared_flags
+
+DEFAULT_MODEL = os.path.expanduser("~/.cache/superinfer_sgl/models/SmolLM2-135M-Instruct")
+
+
+def arms(tlru_threshold: int, tlru_next: int) -> dict[str, SystemSpec]:
+    stock = {p: SystemSpec(f"sglang-{p}", STOCK_MODULE, ("--radix-eviction-policy", p))
+             for p in ("lru", "lfu", "slru")}
+    tlru_cfg = json.dumps({"threshold": tlru_threshold, "next_prompt_estimate": tlru_next})
+    stock["tlru"] = SystemSpec("sglang-tlru", STOCK_MODULE,
+                               ("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", tlru_cfg))
+    ours = SystemSpec("ours-predictive", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive"))
+    return {"predictive": ours, **stock}
+
+
+def build(kind: str, seed: int, rate: float, duration_s: float) -> list[Any]:
+    return {"tenants": tenants, "conversations": conversations, "unique": unique}[kind](seed, rate, duration_s)
+
+
+def _flush(url: str) -> None:
+    for _ in range(20):
+        if requests.post(url + "/flush_cache", timeout=30).status_code == 200:
+            return
+        time.sleep(0.5)  # refused while requests are still in flight
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    table = arms(args.tlru_threshold, args.tlru_next)
+    names = [n for n in args.arms.split(",") if n]
+    kinds = [k for k in args.workloads.split(",") if k]
+    rates = dict(zip(WORKLOADS, (args.rate_tenants, args.rate_conversations, args.rate_unique)))
+    shared = shared_flags(args.model, args.kv_tokens, args.chunked_prefill, "cpu")
+    out_dir = Path(args.out).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            spec = table[name]
+            log = out_dir / "logs" / f"{name}.rep{rep}.log"
+            t_start = time.time()
+            server = launch(spec, shared, log, ready_timeout_s=600)
+            try:
+                for kind in kinds:
+                    _flush(server.url)
+                    work = build(kind, args.seed + rep, rates[kind], args.duration)
+                    res = run_workload(server.url, kind, work)
+                    runs.append({"arm": name, "rep": rep, "kind": kind, "rate": rates[kind],
+                                 "started": t_start, **res})
+                    partial = Path(args.out).with_suffix(".partial.json")
+                    partial.write_text(json.dumps({"runs": runs, "args": vars(args)}))
+                    print(f"[prefix_ab] rep {rep} {name} {kind}: {len(res['records'])} requests in "
+                          f"{res['wall_s']:.0f}s", flush=True)
+            finally:
+                server.stop()
+    return {"runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/prefix_cache/ab.json")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--arms", default="predictive,lru,lfu,slru,tlru")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--kv-tokens", type=int, default=800, help="--max-total-tokens of every arm (KV pressure)")
+    ap.add_argument("--chunked-prefill", type=int, default=512)
+    ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per workload")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rate-tenants", type=float, default=1.0)
+    ap.add_argument("--rate-conversations", type=float, default=0.3)
+    ap.add_argument("--rate-unique", type=float, default=0.5)
+    ap.add_argument("--ttft-slo-ms", type=float, default=None,
+                    help="default: 2x the no-reuse control's median TTFT, pooled over arms (prefix_stats)")
+    ap.add_argument("--tbt-slo-ms", type=float, default=None, help="default: 2x the control's median TBT")
+    ap.add_argument("--tlru-threshold", type=int, default=64,
+                    help="T-LRU's TTFT budget in tokens (what one prefill step covers within the TTFT SLO)")
+    ap.add_argument("--tlru-next", type=int, default=11, help="T-LRU's next-prompt estimate: a user turn")
+    ap.add_argument("--resummarize", help="recompute the summary of an existing result file")
+    args = ap.parse_args(argv)
+    if args.resummarize:
+        doc = json.loads(Path(args.resummarize).read_text())
+        doc["summary"] = summarize(doc["runs"], doc["config"]["ttft_slo_ms"], doc["config"]["tbt_slo_ms"])
+        Path(args.resummarize).write_text(json.dumps(doc, indent=1))
+        plot(doc["summary"], str(Path(args.resummarize).with_suffix(".png")))
+        return 0
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    doc = run(args)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    doc["config"] = {**vars(args), "command": " ".join([sys.executable, "-m", __spec__.name, *(argv or sys.argv[1:])]),
+                     "started_utc": started, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
+                                f"{os.cpu_count()} cores", "commit": commit}
+    doc["summary"] = summarize(doc["runs"], args.ttft_slo_ms, args.tbt_slo_ms)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    plot(doc["summary"], str(Path(args.out).with_suffix(".png")))
+    print(json.dumps(doc["summary"]["table"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""`--prefix-cache predictive`: SGLang's radix tree evicting by predicted reuse.
+
+SGLang's eviction strategies plug into its tree core as `EvictionStrategy.get_priority(node)`, a
+key its min-heap pops in order (mem_cache/evict_policy.py, unified_cache/components/full.py). The
+Rust tree core (SGLang's default) has its strategies compiled in, so with this option the cache is
+built on SGLang's Python tree core (`select_tree_core_backend` -> "python"), which calls the
+strategy object; the policy itself is pure (rotasched/prefix_reuse.py). The hooks, each on one
+UnifiedTreeCore method:
+
+  __init__             our strategy in place of the one SGLang built (the pool size for pinning)
+  match_prefix         a request's hit on every node of its matched path (the predictor's input)
+  _split_node          the new prefix node inherits the split node's history
+  _unregister_node     a node leaves the tree: its history becomes a ghost under (parent, first
+                       token), which a returning prefix inherits
+  evict_device_start   an eviction round: score the evictable leaves, pick the pin set
+
+Not built here: demoting predicted-reuse prefixes to a host pool through DuplexKV instead of
+dropping them (docs/prefix_cache.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..rotasched.prefix_reuse import EvictionRanker, Leaf, PredictorParams, ReusePredictor
+
+CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
+SELECT_CORE = "sglang.srt.mem_cache.unified_cache.tree_core_registry.select_tree_core_backend"
+PIN_SHARE = 0.25  # the device pool's share that pinned prefixes may hold
+
+
+class PrefixCacheState:
+    """What one tree core's predictive strategy keeps, and the time our hooks spent (measurement)."""
+
+    def __init__(self, pool_tokens: int, pin_share: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.predictor = ReusePredictor(PredictorParams())
+        self.ranker = EvictionRanker(self.predictor, pool_tokens, pin_share=pin_share)
+        self.clock = clock
+        self.hook_s = 0.0
+        self.hook_calls = 0
+
+    def charge(self, start: float) -> None:
+        self.hook_s += time.perf_counter() - start
+        self.hook_calls += 1
+
+
+def strategy_class() -> type:
+    from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+
+    class PredictiveStrategy(EvictionStrategy):
+        """Unpinned before pinned, then lowest predicted reuse, then least recently used."""
+
+        def __init__(self, state: PrefixCacheState) -> None:
+            self.state = state
+
+        def get_priority(self, node: Any) -> tuple[int, float, float]:
+            return self.state.ranker.priority(node.id, node.last_access_time, self.state.clock())
+
+    return PredictiveStrategy
+
+
+def _state(core: Any) -> PrefixCacheState | None:
+    return getattr(core, "_superinfer_prefix", None)
+
+
+def _ghost_key(node: Any, page_size: int) -> Any:
+    parent, key = node.parent, node.key
+    if parent is None or key is None or len(key) == 0:
+        return None
+    try:
+        return (parent.id, key.child_key(page_size))
+    except (AttributeError, TypeError, IndexError):
+        return None
+
+
+def _end_depth(node: Any, root: Any) -> int:
+    depth = 0
+    while node is not None and node is not root:
+        depth += len(node.key) if node.key is not None else 0
+        node = node.parent
+    return depth
+
+
+def hooks(prefix_cache: str, pin_share: float) -> Iterator[tuple[str, Callable[..., Any], str]]:
+    """(target, hook, HookType name) for --prefix-cache; none for SGLang's own radix cache."""
+    if prefix_cache == "radix":
+        return
+    strategy = strategy_class()
+
+    def python_core(original: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+        return "python"
+
+    def attach(result: None, core: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        allocator = getattr(params, "token_to_kv_pool_allocator", None)
+        pool = int(getattr(allocator, "size", 0) or 0)
+        core._superinfer_prefix = state = PrefixCacheState(pool, pin_share)
+        core.eviction_strategy = strategy(state)
+
+    def on_match(result: Any, core: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        st, req = _state(core), getattr(params, "req", None)
+        if st is None or req is None:  # SGLang's own touches (no request): not a hit
+            return
+        start = time.perf_counter()
+        now = st.clock()
+        custom = getattr(getattr(req, "sampling_params", None), "custom_params", None) or {}
+        slo_class = custom.get("slo_class") if isinstance(custom, dict) else None
+        node, root, page = result.last_device_node, core.root_node, core.page_size
+        if isinstance(node, int):  # the tree core's results carry NodeIds
+            node = core._node_arena.get(node)
+        while node is not None and node is not root:
+            st.predictor.hit(node.id, now, req.rid, slo_class, ghost_key=_ghost_key(node, page))
+            node = node.parent
+        st.charge(start)
+
+    def on_split(result: Any, core: Any, key: Any, child: Any, split_len: int, *args: Any, **kwargs: Any) -> None:
+        st = _state(core)
+        if st is not None:
+            head = result[0]  # now child's parent, holding the child's first split_len tokens
+            st.predictor.split(head.id, child.id, st.clock(), int(split_len), ghost_key=_ghost_key(head, core.page_size))
+
+    def on_unregister(core: Any, node: Any, *args: Any, **kwargs: Any) -> None:
+        st = _state(core)
+        if st is not None:
+            st.predictor.forget(node.id, st.clock(), _ghost_key(node, core.page_size))
+
+    def on_evict_start(core: Any, component_type: Any, request_cnt: int, *args: Any, **kwargs: Any) -> None:
+        st = _state(core)
+        if st is None or getattr(component_type, "name", "") != "FULL":
+            return
+        start = time.perf_counter()
+        root = core.root_node
+        # In node-id order: SGLang's leaf set iterates in memory-address order, which would make
+        # the pin set's ties (and so a run) differ from process to process.
+        leaves = [Leaf(n.id, _end_depth(n, root), len(n.key) if n.key is not None else 0)
+                  for n in sorted(core.evictable_device_leaves, key=lambda n: n.id)]
+        st.ranker.begin_round(leaves, st.clock())
+        st.charge(start)
+
+    yield SELECT_CORE, python_core, "AROUND"
+    yield f"{CORE}.__init__", attach, "AFTER"
+    yield f"{CORE}.match_prefix", on_match, "AFTER"
+    yield f"{CORE}._split_node", on_split, "AFTER"
+    yield f"{CORE}._unregister_node", on_unregister, "BEFORE"
+    yield f"{CORE}.evict_device_start", on_evict_start, "BEFORE"

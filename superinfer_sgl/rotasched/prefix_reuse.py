@@ -1,0 +1,266 @@
+"""Reuse prediction for radix-tree prefix nodes (`--prefix-cache predictive`): pure Python.
+
+Each node of the prefix tree gets a `NodeStats` record of its own hit history: hits, the time of
+its last hit, an exponentially weighted inter-hit gap, how many distinct requests used it, the SLO
+class of its most urgent user, and its depth and length in tokens. `ReusePredictor.score` turns
+that history into P(the node is hit again within the horizon) with a small logistic model over
+seven explainable features (`FEATURES`), and the model learns online from the server's own hits:
+
+- every node carries one pending sample (its features at a time t0);
+- a hit within the horizon resolves it as 1, a hit later or none by t0 + horizon as 0 (the latter
+  is found when the node is scored again), and a new sample starts;
+- an evicted node leaves a ghost (its history, under a key the caller gives: its parent and first
+  token); when the same prefix comes back, the new node inherits the history, and the ghost's
+  sample resolves as 1 if the comeback fell within the horizon. So a prefix that keeps coming back
+  learns that it does, which LRU and LFU forget at every eviction.
+
+The horizon follows the traffic: twice the EWMA of all observed inter-hit gaps, clamped.
+Everything is O(1) per hit and per score (a few dozen float operations); the caller (the eviction
+strategy in integration/prefix_cache.py) scores only the tree's evictable leaves, when SGLang
+evicts. `EvictionRanker` adds the bounded pin set: the highest-scoring leaves, as long as their
+prefixes fit a share of the device pool, are evicted only after every unpinned leaf.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+FEATURES = ("bias", "log_hits", "log_distinct", "age_over_gap", "depth", "length", "slo_weight")
+# The prior: a node hit often, by many requests, not overdue against its own rhythm, is reused.
+PRIOR_WEIGHTS = (-1.0, 1.2, 0.8, -1.2, 0.2, 0.0, 0.5)
+# An SLO class's weight (interactive prefixes are the costliest to miss); unknown names: standard.
+SLO_WEIGHTS = {"interactive": 1.0, "standard": 0.5, "batch": 0.0}
+RECENT_REQUESTERS = 4  # distinct-requester test window (a waiting request re-matches every step)
+
+
+@dataclass(frozen=True)
+class PredictorParams:
+    learning_rate: float = 0.05
+    l2: float = 1e-4
+    gap_ewma: float = 0.3  # weight of the newest gap in a node's and the global gap EWMA
+    horizon_factor: float = 2.0
+    min_horizon_s: float = 0.5
+    max_horizon_s: float = 600.0
+    max_ghosts: int = 4096
+    learn: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.learning_rate >= 0 and self.l2 >= 0 and 0 < self.gap_ewma <= 1, self
+        assert 0 < self.min_horizon_s <= self.max_horizon_s and self.horizon_factor > 0, self
+        assert self.max_ghosts >= 0, self
+
+
+@dataclass(slots=True)
+class NodeStats:
+    """One node's hit history. Times are the caller's clock in seconds."""
+
+    created: float
+    end_depth: int = 0  # tokens from the root through this node's end
+    length: int = 0  # tokens in this node
+    hits: int = 0
+    distinct: int = 0
+    last_hit: float | None = None
+    gap: float | None = None  # EWMA of the gaps between hits
+    slo_weight: float = SLO_WEIGHTS["standard"]
+    recent: list[Hashable] = field(default_factory=list)
+    sample: tuple[float, tuple[float, ...]] | None = None  # (t0, features at t0): pending label
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+class ReusePredictor:
+    """Per-node hit histories and the online logistic model over them."""
+
+    def __init__(self, params: PredictorParams | None = None) -> None:
+        self.params = params or PredictorParams()
+        self.weights = list(PRIOR_WEIGHTS)
+        self.nodes: dict[Hashable, NodeStats] = {}
+        self.ghosts: OrderedDict[Hashable, tuple[float, NodeStats]] = OrderedDict()
+        self.global_gap: float | None = None
+        self.updates = 0  # labelled samples learned from
+        self.positives = 0
+
+    # ---- the horizon and features ---------------------------------------------------------
+
+    @property
+    def horizon_s(self) -> float:
+        p = self.params
+        gap = self.global_gap if self.global_gap is not None else p.min_horizon_s
+        return min(max(p.horizon_factor * gap, p.min_horizon_s), p.max_horizon_s)
+
+    def features(self, st: NodeStats, now: float) -> tuple[float, ...]:
+        since = now - (st.last_hit if st.last_hit is not None else st.created)
+        # Overdue against its own rhythm (no rhythm yet: against the horizon); a rhythm faster
+        # than the shortest horizon counts as that, so a burst's microsecond gaps do not make a
+        # prefix overdue a moment later.
+        rhythm = max(st.gap, self.params.min_horizon_s) if st.gap is not None else self.horizon_s
+        overdue = min(max(since, 0.0) / max(rhythm, 1e-6), 8.0)
+        return (1.0, math.log1p(st.hits), math.log1p(st.distinct), overdue,
+                math.log1p(st.end_depth) / 8.0, math.log1p(st.length) / 8.0, st.slo_weight)
+
+    def _prob(self, x: tuple[float, ...]) -> float:
+        return _sigmoid(sum(w * v for w, v in zip(self.weights, x)))
+
+    def _learn(self, x: tuple[float, ...], label: float) -> None:
+        if not self.params.learn:
+            return
+        err = label - self._prob(x)
+        lr, l2 = self.params.learning_rate, self.params.l2
+        self.weights = [w + lr * (err * v - l2 * w) for w, v in zip(self.weights, x)]
+        self.updates += 1
+        self.positives += int(label > 0.5)
+
+    # ---- node lifecycle ---------------------------------------------------------------------
+
+    def stats(self, node: Hashable, now: float, ghost_key: Hashable | None = None) -> NodeStats:
+        """The node's record, created on first sight (inheriting a ghost's history if any)."""
+        st = self.nodes.get(node)
+        if st is not None:
+            return st
+        ghost = self.ghosts.pop(ghost_key, None) if ghost_key is not None else None
+        if ghost is None:
+            st = NodeStats(created=now)
+        else:
+            evicted_at, st = ghost
+            if st.sample is not None:  # it came back: the eviction was a mistake if within the horizon
+                t0, x = st.sample
+                self._learn(x, 1.0 if now - t0 <= self.horizon_s else 0.0)
+            st.recent = []
+            st.sample = None
+        self.nodes[node] = st
+        st.sample = (now, self.features(st, now))
+        return st
+
+    def shape(self, node: Hashable, now: float, end_depth: int, length: int) -> None:
+        st = self.stats(node, now)
+        st.end_depth, st.length = int(end_depth), int(length)
+
+    def hit(self, node: Hashable, now: float, requester: Hashable, slo_class: str | None = None,
+            ghost_key: Hashable | None = None) -> bool:
+        """A request matched this node. Repeated matches by one request (a waiting request is
+        matched again every time the scheduler tries it) count once. True if counted."""
+        st = self.stats(node, now, ghost_key)
+        if requester in st.recent:
+            return False
+        st.recent.append(requester)
+        if len(st.recent) > RECENT_REQUESTERS:
+            del st.recent[0]
+        st.distinct += 1
+        st.slo_weight = max(st.slo_weight, SLO_WEIGHTS.get(slo_class or "", SLO_WEIGHTS["standard"]))
+        if st.sample is not None:
+            t0, x = st.sample
+            self._learn(x, 1.0 if now - t0 <= self.horizon_s else 0.0)
+        if st.last_hit is not None:
+            gap = max(now - st.last_hit, 0.0)
+            a = self.params.gap_ewma
+            st.gap = gap if st.gap is None else (1 - a) * st.gap + a * gap
+            self.global_gap = gap if self.global_gap is None else (1 - a) * self.global_gap + a * gap
+        st.hits += 1
+        st.last_hit = now
+        st.sample = (now, self.features(st, now))
+        return True
+
+    def split(self, new_parent: Hashable, child: Hashable, now: float, split_len: int,
+              ghost_key: Hashable | None = None) -> None:
+        """The tree split `child` at split_len tokens: the new parent (the prefix) has seen every
+        hit the child has. `ghost_key`: the child's, as it stood before the split."""
+        st = self.stats(child, now, ghost_key)
+        head = NodeStats(created=st.created, end_depth=st.end_depth - st.length + split_len,
+                         length=split_len, hits=st.hits, distinct=st.distinct, last_hit=st.last_hit,
+                         gap=st.gap, slo_weight=st.slo_weight, recent=list(st.recent))
+        head.sample = (now, self.features(head, now))
+        self.nodes[new_parent] = head
+        st.length = max(st.length - split_len, 0)
+
+    def forget(self, node: Hashable, now: float, ghost_key: Hashable | None = None) -> None:
+        """The node left the tree; with a ghost key its history waits for the prefix to return."""
+        st = self.nodes.pop(node, None)
+        if st is None or ghost_key is None or self.params.max_ghosts == 0:
+            return
+        self.ghosts[ghost_key] = (now, st)
+        self.ghosts.move_to_end(ghost_key)
+        while len(self.ghosts) > self.params.max_ghosts:
+            _, (_, old) = self.ghosts.popitem(last=False)
+            if old.sample is not None:  # never came back within our memory: not reused
+                self._learn(old.sample[1], 0.0)
+
+    # ---- prediction ---------------------------------------------------------------------------
+
+    def score(self, node: Hashable, now: float) -> float:
+        """P(hit within the horizon). Resolves an expired pending sample as a miss first."""
+        st = self.stats(node, now)
+        if st.sample is not None and now - st.sample[0] > self.horizon_s:
+            self._learn(st.sample[1], 0.0)
+            st.sample = (now, self.features(st, now))
+        return self._prob(self.features(st, now))
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """An evictable leaf as the ranker sees it: its id, its prefix's tokens (root through the
+    leaf's end) and its own tokens."""
+
+    node: Hashable
+    end_depth: int
+    length: int
+
+
+class EvictionRanker:
+    """Eviction order by predicted reuse, and the bounded pin set.
+
+    `begin_round` runs when SGLang starts an eviction: it scores the evictable leaves and pins the
+    best ones (score at least `pin_min_score`) whose prefixes fit `pin_share` of the device pool
+    (prefix tokens summed per leaf: shared ancestors count once per leaf, so the bound is
+    conservative). `priority` is the key SGLang's min-heap pops in order: unpinned before pinned,
+    then the lowest predicted reuse, then the least recently used.
+    """
+
+    def __init__(self, predictor: ReusePredictor, pool_tokens: int, pin_share: float = 0.25,
+                 pin_min_score: float = 0.5) -> None:
+        assert pool_tokens >= 0 and 0.0 <= pin_share <= 1.0 and 0.0 <= pin_min_score <= 1.0
+        self.predictor = predictor
+        self.pool_tokens = pool_tokens
+        self.pin_share = pin_share
+        self.pin_min_score = pin_min_score
+        self.pinned: frozenset[Hashable] = frozenset()
+        self.pinned_tokens = 0
+        self._scores: dict[Hashable, float] = {}
+        self._now = 0.0
+        self.rounds = 0
+
+    @property
+    def pin_budget(self) -> int:
+        return int(self.pin_share * self.pool_tokens)
+
+    def begin_round(self, leaves: Iterable[Leaf], now: float) -> None:
+        self._now = now
+        self.rounds += 1
+        scored = []
+        for leaf in leaves:
+            self.predictor.shape(leaf.node, now, leaf.end_depth, leaf.length)
+            scored.append((self.predictor.score(leaf.node, now), leaf))
+        self._scores = {leaf.node: s for s, leaf in scored}
+        scored.sort(key=lambda sl: -sl[0])
+        pinned, used, budget = set(), 0, self.pin_budget
+        for s, leaf in scored:
+            if s < self.pin_min_score:
+                break
+            if used + leaf.end_depth <= budget:
+                pinned.add(leaf.node)
+                used += leaf.end_depth
+        self.pinned, self.pinned_tokens = frozenset(pinned), used
+
+    def priority(self, node: Hashable, last_access: float, now: float | None = None) -> tuple[int, float, float]:
+        score = self._scores.get(node)
+        if score is None:  # a parent that became a leaf during this round
+            score = self.predictor.score(node, self._now if now is None else now)
+            self._scores[node] = score
+        return (int(node in self.pinned), score, last_access)
