@@ -5,6 +5,7 @@
     python scripts/ab_bench.py --profile smoke          # CI-sized
     python scripts/ab_bench.py --profile gpu --dry-run  # random-weight Llama-3-8B shape on a GPU
     python scripts/ab_bench.py --profile cpu --noise    # stock vs stock: run-to-run noise
+    python scripts/ab_bench.py --profile cpu --capacity --paired --repeats 2   # SLO capacity per system
 
 See docs/ab.md for what is measured and how; options: --help.
 """

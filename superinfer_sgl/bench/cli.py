@@ -11,7 +11,7 @@ from pathlib import Path
 from ..rotasched.slo import SloError
 from .paired import core_halves, pairs_for
 from .planning import build_plan
-from .profiles import PROFILES
+from .profiles import DUMMY_SHAPES, PROFILES
 from .rundoc import describe, prepare_files
 from .runner import execute
 from .servers import stop_all
@@ -82,13 +82,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int, help="--max-total-tokens for every system")
     p.add_argument("--chunked-prefill", type=int, help="--chunked-prefill-size for every system")
     p.add_argument("--model-path", help="default: the prepared SmolLM2 folder (gpu: a random-weight model)")
-    p.add_argument("--dummy-shape", choices=("llama3-8b", "qwen2.5-32b"), help="gpu profile model shape")
+    p.add_argument("--dummy-shape", choices=sorted(DUMMY_SHAPES), help="gpu profile model shape")
     p.add_argument("--cpu-attention", choices=("0", "1"),
                    help="SUPERINFER_CPU_ATTENTION for every system alike (1: our batched CPU attention behind "
                         "torch_native, 0: SGLang's own torch_native); default: profile's")
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
     p.add_argument("--our-args", default="", help="extra flags for our server only (one string)")
     p.add_argument("--out", type=Path, help="output folder (default: results/ab_<profile>_<workload>)")
+    p.add_argument("--capacity", action="store_true",
+                   help="search each system's SLO capacity (highest rate with >= 90%% of requests meeting both "
+                        "SLOs: sim/capacity.py's grid scan + bisection) on the live servers, per repeat, with "
+                        "intervals and the ratio (docs/ab.md); default out: results/capacity_<profile>")
+    p.add_argument("--capacity-grid", type=_floats, metavar="LO,HI",
+                   help="--capacity: rates searched (req/s); default 0.5x..4x the calibrated capacity estimate")
+    p.add_argument("--capacity-growth", type=float, default=1.4, help="--capacity: grid ratio (default 1.4)")
+    p.add_argument("--capacity-resolution", type=float, default=0.1,
+                   help="--capacity: bisect the first crossing to this fraction of the rate (default 0.1)")
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
     p.add_argument("--report", type=Path, metavar="DIR",
                    help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")
@@ -117,12 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.report:
         from .report import rereport
 
-        rereport(a.report)
+        if json.loads((a.report / "ab.json").read_text()).get("config", {}).get("mode") == "capacity":
+            from .capacity_live import rereport_capacity
+
+            rereport_capacity(a.report)
+        else:
+            rereport(a.report)
         print((a.report / "table.md").read_text())
         return 0
     if a.repeats < 1:
         print("ab_bench: error: --repeats must be >= 1", file=sys.stderr)
         return 2
+    if a.capacity and a.out is None:
+        a.out = Path(__file__).resolve().parents[2] / "results" / f"capacity_{a.profile}"
     try:
         plan, tokenizer = build_plan(a, argv)
     except (SloError, TraceError, OSError, ValueError) as exc:
@@ -131,15 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry_run:
         dry_run(plan, tokenizer)
         return 0
+    if a.capacity:
+        from .capacity_live import execute_capacity
+
+        run = execute_capacity
+    else:
+        run = execute
     try:
-        doc = execute(plan, tokenizer)
+        doc = run(plan, tokenizer)
     except KeyboardInterrupt:
         left = stop_all()  # the signal handler already did; this covers an interrupt before it was set
         print(f"ab_bench: interrupted; partial results in {plan.out_dir / 'ab.json'}"
               + (f"; processes left: {left}" if left else ""), file=sys.stderr)
         return 130
     print((plan.out_dir / "table.md").read_text())
-    print(f"results: {plan.out_dir / 'ab.json'}, plot: {plan.out_dir / 'attainment.png'}")
+    plot_name = "capacity.png" if a.capacity else "attainment.png"
+    print(f"results: {plan.out_dir / 'ab.json'}, plot: {plan.out_dir / plot_name}")
     left = {k: v for k, v in doc["processes_left"].items() if v}
     if left:
         print(f"ab_bench: processes left behind: {left}", file=sys.stderr)

@@ -341,6 +341,10 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
                   comparisons_markdown(doc.get("comparisons", []))]
     elif results:
         lines += [markdown_table(results)]
+    if any(p.get("recompute") for pts in results.values() for p in pts):
+        from .recompute import tax_markdown
+
+        lines += [tax_markdown(results)]
     if doc.get("kv_pool_tokens"):
         lines += ["KV pool per server (tokens; read from " + ", ".join(sorted(set(
             doc.get("kv_pool_source", {}).values()))) + "): " + ", ".join(

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from superinfer_patches.step_log import STEP_LOG_ENV
 
-from . import kv_pool
+from . import kv_pool, recompute
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
 from .calibrate import Speed, derive, probe, probe_prompts
@@ -37,9 +37,10 @@ from .workloads import offered_rate
 
 def scrape(url: str) -> dict[str, float]:
     try:
-        return parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
+        text = requests.get(url + "/metrics", timeout=30).text
     except requests.RequestException:
         return {}
+    return {**parse_prometheus(text), **recompute.labelled(text)}
 
 
 def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint, pbar: tqdm,
@@ -79,6 +80,7 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
         "repeat": plan.repeat, "seed": plan.seed, "paired_with": partner,
         "cores": sorted(server.cores) if server.cores else None,
         "summary": asdict(summary), "counters": counter_deltas(before, after),
+        "recompute": recompute.deltas(before, after),  # prefill tokens computed again (bench/recompute.py)
         "client_wall_s": run.wall_s,
         # unix time around the client run: cuts this point's iterations out of the step log
         "window_unix": [round(t0, 3), round(time.time(), 3)],
@@ -361,6 +363,7 @@ def multi_run(plan: Plan) -> bool:
 
 def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
+    doc["recompute_tax"] = {name: recompute.pooled_tax(pts) for name, pts in results.items()}
     twin = noise_twin_name("sglang")
     if multi_run(plan):
         try:

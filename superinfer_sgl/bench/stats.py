@@ -89,6 +89,11 @@ def _t_interval(values: Sequence[float]) -> tuple[float, float] | None:
     return float(ci.low), float(ci.high)
 
 
+def mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """Student-t 95% interval of the mean of per-repeat values (None: fewer than two, or all equal)."""
+    return _t_interval(values)
+
+
 def _mean_diff(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     return 100.0 * (np.mean(b, axis=axis) - np.mean(a, axis=axis))
 

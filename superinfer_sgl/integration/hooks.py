@@ -27,6 +27,7 @@ def runtime() -> Any:
 def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]]:
     from sglang.srt.plugins.hook_registry import HookType
 
+    from .metrics import recompute_hooks
     from .startup import create_runtime
 
     def attach(result: None, sched: Any, *args: Any, **kwargs: Any) -> None:
@@ -53,6 +54,12 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
     yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
     yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", count_retractions, HookType.AFTER
+    # The recompute tax (integration/metrics.py, RecomputeTally): prefill tokens computed, and
+    # computed again after a running request's KV was dropped, by cause.
+    recompute = recompute_hooks(runtime)
+    yield f"{SCHED}.update_running_batch", recompute["decode_update"], HookType.AROUND
+    yield f"{SCHED}._add_request_to_queue", recompute["requeued"], HookType.BEFORE
+    yield f"{SCHED}._get_new_batch_prefill_raw", recompute["prefill"], HookType.AFTER
     # A running fixed-length request's decode reserve in SGLang's admission budget: the same rule
     # as our views (views.running_reserve, --running-reserve), so both count the same free memory.
     yield ADDER_RUNNING_RESERVE, _running_offset, HookType.AROUND

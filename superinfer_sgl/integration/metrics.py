@@ -9,6 +9,14 @@ what a router or autoscaler reads; each carries a `dp_rank` label, so data-paral
 scheduler process each) stay apart. Their multiprocess mode is livemax: one process writes each
 label set (TP ranks of one DP rank would write the same value).
 
+The recompute tax (`RecomputeTally`): prefill tokens computed, and of them the tokens computed
+again because the request's KV had been dropped while it ran (SGLang's decode-OOM retraction, our
+recompute fallback, the partial page a rotation resume re-extends), net of radix-cache hits on
+re-admission. Totals follow SGLang's own rule (PrefillAdder's `log_input_tokens` and
+`reprocessed_log_input_tokens`, the requests it marks `retracted_stain`), which stock SGLang
+exports too (`sglang:realtime_tokens_total` / `sglang:prefill_effective_tokens_total`,
+bench/recompute.py), so both sides of an A/B are counted alike; ours adds the cause.
+
 The SLO outcome series count client requests only: SGLang's health probes and its startup
 warm-up are requests too, and a probe every 10 s would add ~8,600 "met" requests a day
 (`metered`: the rid SGLang gives a probe, or the mark integration.http_slo puts on both).
@@ -59,6 +67,128 @@ def metered(req: Any) -> bool:
     return not (isinstance(custom, dict) and custom.get(UNMETERED_KEY))
 
 
+RECOMPUTE_CAUSES = ("retraction", "recompute_fallback", "rotation")
+_CAUSES_KEPT = 65536  # rids whose last KV release we remember (oldest forgotten first)
+
+
+class RecomputeTally:
+    """Prefill tokens computed and recomputed, by cause (plain ints; the hooks feed it, the metrics
+    export it). `requeued`: a running request went back to the waiting queue with its KV dropped,
+    by SGLang's decode retraction (`in_retraction`: inside `Scheduler.update_running_batch`) or by
+    our rotation's recompute fallback; `prefill_batch`: a prefill batch SGLang built, with its
+    PrefillAdder's token counts."""
+
+    def __init__(self) -> None:
+        self.prefill_tokens = 0
+        self.recomputed = dict.fromkeys(RECOMPUTE_CAUSES, 0)
+        self.released_tokens = dict.fromkeys(RECOMPUTE_CAUSES[:2], 0)
+        self.in_retraction = False
+        self._cause: dict[str, str] = {}
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(self.recomputed.values())
+
+    @property
+    def ratio(self) -> float:
+        """Recomputed over computed prefill tokens so far (0 before any prefill)."""
+        return self.recomputed_tokens / self.prefill_tokens if self.prefill_tokens else 0.0
+
+    @contextlib.contextmanager
+    def retraction(self) -> Iterator[None]:
+        """Requests requeued inside this block were retracted by SGLang (decode out of memory)."""
+        self.in_retraction = True
+        try:
+            yield
+        finally:
+            self.in_retraction = False
+
+    def requeued(self, req: Any) -> None:
+        cause = "retraction" if self.in_retraction else "recompute_fallback"
+        self.released_tokens[cause] += len(req.origin_input_ids) + len(req.output_ids)
+        self._cause.pop(req.rid, None)
+        self._cause[req.rid] = cause
+        while len(self._cause) > _CAUSES_KEPT:
+            self._cause.pop(next(iter(self._cause)))
+
+    def prefill_batch(self, batch: Any, chunked: Any = None) -> int:
+        """Count one prefill batch; returns its recomputed tokens. Totals are SGLang's
+        (`batch.prefill_stats`); each marked request's extend goes to the cause of its last KV
+        release, and what no recorded release explains (a rotated-out request's resume) to
+        "rotation". A request's cause is forgotten once its re-extend is complete (`chunked`: the
+        scheduler's request still mid-prefill)."""
+        st = getattr(batch, "prefill_stats", None)
+        if st is None:
+            return 0
+        self.prefill_tokens += int(st.log_input_tokens) + int(getattr(st, "log_replay_tokens", 0) or 0)
+        total = int(getattr(st, "reprocessed_log_input_tokens", 0) or 0)
+        left = total
+        lens = list(getattr(batch, "extend_lens", None) or [])
+        for req, n in zip(batch.reqs, lens):
+            cause = self._cause.get(req.rid)
+            if cause is None or not getattr(req, "retracted_stain", False):
+                continue
+            n = min(int(n), left)
+            self.recomputed[cause] += n
+            left -= n
+            if req is not chunked:
+                self._cause.pop(req.rid, None)
+        self.recomputed["rotation"] += left
+        return total
+
+
+_TALLY: list[RecomputeTally] = []
+
+
+def recompute_tally() -> RecomputeTally:
+    """This scheduler process's tally (one per process, like its Scheduler)."""
+    if not _TALLY:
+        _TALLY.append(RecomputeTally())
+    return _TALLY[0]
+
+
+def recompute_hooks(runtime: Any) -> dict[str, Any]:
+    """The hook bodies that feed the tally (integration/hooks.py installs them): around
+    `Scheduler.update_running_batch` (where SGLang retracts), before `Scheduler._add_request_to_queue`,
+    after `Scheduler._get_new_batch_prefill_raw` (the batch with its PrefillAdder counts). `runtime()`
+    gives the scheduler's runtime (None before it attaches), whose metrics export the tally.
+    Counting must never take the scheduler down: a failure is logged once and counting stops."""
+    tally = recompute_tally()
+    failed: list[bool] = []
+
+    def guarded(fn: Any) -> Any:
+        def hook(*args: Any, **kwargs: Any) -> None:
+            if failed:
+                return None
+            try:
+                fn(*args, **kwargs)
+            except Exception:
+                failed.append(True)
+                logger.exception("superinfer: recompute counting stopped")
+            return None
+
+        return hook
+
+    def decode_update(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
+        with tally.retraction():
+            return original(sched, *args, **kwargs)
+
+    def requeued(sched: Any, req: Any, is_retracted: bool = False, *args: Any, **kwargs: Any) -> None:
+        if is_retracted:
+            tally.requeued(req)
+
+    def prefill(result: Any, sched: Any, *args: Any, **kwargs: Any) -> None:
+        batch = result[0] if isinstance(result, tuple) else result  # _get_new_batch_prefill_raw: (batch, running)
+        if batch is None:
+            return
+        tally.prefill_batch(batch, getattr(sched, "chunked_req", None))
+        rt = runtime()
+        if rt is not None and rt.metrics is not None:
+            rt.metrics.publish_recompute(tally)
+
+    return {"decode_update": decode_update, "requeued": guarded(requeued), "prefill": guarded(prefill)}
+
+
 class RotaSchedMetrics:
     def __init__(self, registry: Any = None, window: int | None = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge
@@ -97,6 +227,19 @@ class RotaSchedMetrics:
         self.link = Gauge("superinfer_kv_link_bytes_per_second",
                           "KV copy speed measured at startup, slower direction (0: not measured)",
                           multiprocess_mode="livemax")
+        self.prefill_tokens = Counter("superinfer_prefill_tokens",
+                                      "Tokens computed by prefill (extend) batches (SGLang's PrefillAdder count)")
+        self.recomputed_tokens = Counter(
+            "superinfer_recomputed_tokens",
+            "Prefill tokens computed again: their KV had been computed and was dropped while the request ran "
+            "(net of radix-cache hits), by cause: retraction (SGLang decode OOM), recompute_fallback "
+            "(rotation with a full host pool), rotation (a resume's re-extended partial page)", ["cause"])
+        self.released_tokens = Counter(
+            "superinfer_released_tokens",
+            "Prompt+output tokens of running requests whose KV was dropped (before radix-cache hits)", ["cause"])
+        self.recompute_ratio = Gauge("superinfer_recompute_ratio",
+                                     "Recomputed over computed prefill tokens since start (the recompute tax)",
+                                     ["dp_rank"], multiprocess_mode="livemax")
         self._seen: dict[str, int] = {}
         # Headroom for routers and autoscalers (docs/deploy.md).
         self.rank = _dp_rank()
@@ -129,6 +272,11 @@ class RotaSchedMetrics:
             g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
         for state in ("waiting", "rotary"):
             self.at_risk.labels(self.rank, state).set(0)
+        for cause in RECOMPUTE_CAUSES:  # a zero is a value: the tax is 0 until a recompute happens
+            self.recomputed_tokens.labels(cause)
+        for cause in RECOMPUTE_CAUSES[:2]:
+            self.released_tokens.labels(cause)
+        self.recompute_ratio.labels(self.rank).set(0)
 
     def update(self, rt: Any) -> None:
         """Advance counters by what changed since the last call (stats are plain ints)."""
@@ -174,6 +322,15 @@ class RotaSchedMetrics:
         self.at_risk.labels(self.rank, "waiting").set(h.at_risk_waiting)
         self.at_risk.labels(self.rank, "rotary").set(h.at_risk_rotary)
         self.lost_running.labels(self.rank).set(h.lost_running)
+
+    def publish_recompute(self, tally: RecomputeTally) -> None:
+        """Advance the recompute series to the tally's counts."""
+        self._advance(self.prefill_tokens, "prefill_tokens", tally.prefill_tokens)
+        for cause, n in tally.recomputed.items():
+            self._advance(self.recomputed_tokens.labels(cause), f"recomputed_{cause}", n)
+        for cause, n in tally.released_tokens.items():
+            self._advance(self.released_tokens.labels(cause), f"released_{cause}", n)
+        self.recompute_ratio.labels(self.rank).set(tally.ratio)
 
     @contextlib.contextmanager
     def unmetered(self) -> Iterator[None]:

@@ -1,0 +1,374 @@
+"""`ab_bench.py --capacity`: SLO capacity on live servers, per system and repeat, with intervals.
+
+Capacity is the simulator's (sim/capacity.py, the one implementation of the search): the highest
+request rate at which at least 90% of requests meet both their TTFT and TBT SLOs (joint
+attainment, bench/metrics.py), found by a geometric grid scan until `stop_after` rates in a row
+miss, then bisection of the *first* crossing to `resolution`. Here `measure(rates)` runs one live
+point per rate (run_point: the same load generator, requests, probes and counters as an A/B).
+
+Pairs (`--paired`): the two systems' searches run at the same time, each side pinned to its half
+of the cores and started together at every step (a barrier), so a slow phase of a shared machine
+lands on both; once one side's search has ended, the other goes on alone. Sides swap cores from
+repeat to repeat. Without `--paired`, the searches run one after another (order alternating by
+repeat). Arrivals at a rate are the same on both sides (seeded by the repeat's seed and the rate).
+
+Statistics (`summarize`): capacity per system and repeat; the mean over repeats with a Student-t
+interval (scipy); the ratio ours / baseline per repeat, its mean and t interval (bench/stats.py);
+and a request-level interval: every measured point's pass share drawn from its posterior given its
+requests (Beta, Jeffreys prior) and the first crossing re-read over the rates that were measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..sim.capacity import CapacityGrid, find_capacity
+from . import stats
+from .client import ClientError
+from .recompute import pooled_tax
+from .paired import core_halves, pairs_for
+from .planning import Plan, SweepPoint, for_repeat
+from .rundoc import describe, prepare_files
+from .runner import Sweep, calibrate, run_point, save
+from .servers import ServerError, SystemSpec
+from .workloads import poisson_arrivals
+
+N_BOOT = 4000
+
+
+def grid_for(plan: Plan, capacity_rps: float | None) -> CapacityGrid:
+    """The search grid: --capacity-grid LO,HI (req/s) if given, else 0.5x..4x the calibrated
+    capacity estimate, else the profile's rate range doubled at the top."""
+    o = plan.options
+    if getattr(o, "capacity_grid", None):
+        lo, hi = o.capacity_grid
+    elif capacity_rps:
+        lo, hi = 0.5 * capacity_rps, 4.0 * capacity_rps
+    else:
+        lo, hi = min(plan.profile.rates), 2.0 * max(plan.profile.rates)
+    return CapacityGrid(target=0.9, lo=round(lo, 4), hi=round(hi, 4), growth=o.capacity_growth,
+                        resolution=o.capacity_resolution, stop_after=2)
+
+
+def point_at(plan: Plan, rate: float, index: int) -> SweepPoint:
+    """A Poisson point at `rate` for this repeat's requests (same arrivals for every system at the
+    same rate), its schedule written where run_point reads it."""
+    seed = plan.seed * 100_000 + int(round(rate * 1000)) % 100_000
+    arrivals = tuple(poisson_arrivals(len(plan.requests), rate, seed))
+    pt = SweepPoint(round(rate, 6), arrivals, f"{rate:.4g} req/s")
+    (plan.out_dir / "schedules" / f"{index:03d}.json").write_text(
+        json.dumps({"label": pt.label, "rate": pt.rate, "arrivals_s": list(arrivals)}))
+    return pt
+
+
+class Side:
+    """One system's search in one repeat: a measure function for find_capacity over live points."""
+
+    def __init__(self, sweep: Sweep, plan: Plan, spec: SystemSpec, base: int, partner: str | None,
+                 cores: frozenset[int] | None, sync: threading.Barrier | None, lock: threading.Lock,
+                 bar: Any) -> None:
+        self.sweep, self.plan, self.spec, self.partner = sweep, plan, spec, partner
+        self.cores, self.sync, self.lock, self.bar = cores, sync, lock, bar
+        self.next_index = base
+        self.points: list[dict[str, Any]] = []
+
+    def measure(self, rates: Sequence[float]) -> list[float]:
+        out = []
+        for rate in rates:
+            server = self.sweep.servers[self.spec.name]
+            if self.cores is not None:
+                server.pin(self.cores)
+            i, self.next_index = self.next_index, self.next_index + 1
+            pt = point_at(self.plan, rate, i)
+            sync = self.sync
+            if sync is not None and sync.broken:
+                sync = None  # the partner's search has ended: go on alone
+            try:
+                res = run_point(self.plan, self.spec, server, i, pt, self.bar, sync, self.partner)
+            except threading.BrokenBarrierError:  # the partner ended while we waited
+                res = run_point(self.plan, self.spec, server, i, pt, self.bar, None, self.partner)
+            res["search_step"] = len(self.points)
+            self.points.append(res)
+            with self.lock:
+                self.sweep.doc["results"][self.spec.name].append(res)
+                save(self.sweep.plan, self.sweep.doc)  # the run's ab.json (self.plan: repeat k's folder)
+            self.sweep.bar.update()
+            out.append(float(res["summary"]["joint_attainment"]))
+        return out
+
+
+def search(side: Side, grid: CapacityGrid) -> dict[str, Any]:
+    try:
+        cap = find_capacity(side.measure, grid).as_dict()
+    except (ClientError, ServerError) as exc:
+        cap = {"capacity_req_s": None, "error": str(exc)[-2000:]}
+        side.sweep.fail(side.spec, exc)
+    finally:
+        if side.sync is not None:
+            side.sync.abort()  # release a partner waiting at the start of its next point
+    return {"system": side.spec.name, "repeat": side.plan.repeat, "seed": side.plan.seed,
+            "cores": sorted(side.cores) if side.cores else None, **cap}
+
+
+def run_searches(sweep: Sweep, plan: Plan, grid: CapacityGrid, k: int,
+                 pairs: list[tuple[SystemSpec, SystemSpec]], halves: Any) -> list[dict[str, Any]]:
+    """Repeat k: every pair's two searches (paired: at once, each on its half of the cores)."""
+    lock, found = threading.Lock(), []
+    for p, pair in enumerate(pairs):
+        base = 100 * (p * 2 + 1)
+        if halves is not None:
+            cores = halves if k % 2 == 0 else (halves[1], halves[0])
+            sync = threading.Barrier(2, timeout=plan.profile.ready_timeout_s)
+            sides = [Side(sweep, plan, pair[j], base + 100 * j, pair[1 - j].name, cores[j], sync, lock,
+                          sweep.inners[j]) for j in (0, 1)]
+            got: list[Any] = [None, None]
+            # daemon: a Ctrl-C or SIGTERM (servers.install_cleanup stops the servers) ends the run
+            # without waiting for a search thread's client to notice its server is gone
+            threads = [threading.Thread(target=lambda j=j: got.__setitem__(j, search(sides[j], grid)), daemon=True)
+                       for j in (0, 1)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            found += [{**g, "pair": [pair[0].name, pair[1].name]} for g in got if g is not None]
+        else:
+            order = pair if k % 2 == 0 else pair[::-1]
+            for j, spec in enumerate(order):
+                side = Side(sweep, plan, spec, base + 100 * j, None, None, None, lock, sweep.inner)
+                found.append({**search(side, grid), "pair": [pair[0].name, pair[1].name]})
+    return found
+
+
+def execute_capacity(plan: Plan, tokenizer: Any) -> dict[str, Any]:
+    """Start the servers, calibrate, search every pair's capacities per repeat, summarize."""
+    t_start = time.monotonic()
+    (plan.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"config": {}, "results": {s.name: [] for s in plan.systems}, "errors": {},
+                           "processes_left": {}, "capacity_runs": []}
+    pairs = pairs_for(plan.systems)
+    halves = core_halves() if plan.paired else None
+    home = {p[j].name: halves[j] for p in reversed(pairs) for j in (0, 1)} if halves else {}
+    sweep = Sweep(plan, doc)
+    try:
+        first = sweep.start(plan.systems[0], home.get(plan.systems[0].name))
+        if first is None:
+            doc["errors"]["sweep"] = f"stopped: the first system ({plan.systems[0].name}) did not start"
+            return _finish(plan, doc, sweep, t_start, None)
+        cap_est = None
+        if plan.calibrate:
+            plan = calibrate(sweep, first, tokenizer, t_start)
+            pairs = pairs_for(plan.systems)
+            cap_est = doc["calibration"]["capacity_rps"]
+        grid = grid_for(plan, cap_est)
+        doc["config"] = describe(plan, prepare_files(plan, tokenizer))
+        doc["config"] |= {"order": "paired" if plan.paired else "sequential", "repeats": plan.repeats,
+                          "pairs": [[a.name, b.name] for a, b in pairs], "mode": "capacity",
+                          "capacity_grid": dataclasses.asdict(grid), "grid_rates": grid.rates(),
+                          "core_halves": [sorted(h) for h in halves] if halves else None}
+        for spec in plan.systems[1:]:
+            sweep.start(spec, home.get(spec.name))
+        sweep.bar.reset(total=None)
+        for k in range(plan.repeats):
+            rplan = for_repeat(plan, k, tokenizer)
+            prepare_files(rplan, tokenizer)
+            live = [pr for pr in pairs if all(s.name in sweep.servers for s in pr)]
+            doc["capacity_runs"] += run_searches(sweep, rplan, grid, k, live, halves)
+            save(plan, doc)
+    finally:
+        sweep.close()
+    return _finish(plan, doc, sweep, t_start, pairs)
+
+
+def _finish(plan: Plan, doc: dict[str, Any], sweep: Sweep, t_start: float,
+            pairs: list[tuple[SystemSpec, SystemSpec]] | None) -> dict[str, Any]:
+    sweep.close()
+    doc["wall_s"] = round(time.monotonic() - t_start, 1)
+    doc["capacity"] = summarize(doc["capacity_runs"], [(a.name, b.name) for a, b in pairs or []],
+                                {s: pts for s, pts in doc["results"].items()})
+    doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
+    save(plan, doc)
+    if doc["capacity_runs"]:
+        plot_capacity(doc, plan.out_dir / "capacity.png")
+    (plan.out_dir / "table.md").write_text(render_capacity(doc))
+    return doc
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
+              results: Mapping[str, Sequence[Mapping[str, Any]]], seed: int = 0) -> dict[str, Any]:
+    """Per system: capacity per repeat, mean, t interval, request-level interval (posterior draws
+    of every point's pass share, `_boot_capacity`); per pair: the ratio B / A per repeat with its
+    t interval, and the ratio of the request-level draws."""
+    out: dict[str, Any] = {"systems": {}, "pairs": []}
+    rng = np.random.default_rng(seed)
+    draws: dict[str, np.ndarray] = {}
+    for system in dict.fromkeys(r["system"] for r in runs):
+        mine = sorted((r for r in runs if r["system"] == system and not r.get("error")), key=lambda r: r["repeat"])
+        caps = [_cap(r) for r in mine]
+        boot = np.mean([_boot_capacity(_measured(results.get(system, []), r["repeat"]), rng) for r in mine], axis=0)
+        draws[system] = boot
+        out["systems"][system] = {
+            "per_repeat": caps, "censored": [r.get("censored") for r in mine],
+            "brackets": [r.get("bracket") for r in mine],
+            # rates above the first crossing that met the target again: reported, never counted
+            "passes_above": [r.get("passes_above") or [] for r in mine],
+            "mean_req_s": float(np.mean(caps)) if caps else None,
+            "repeat_ci": stats.mean_interval(caps),
+            "request_ci": _pct(boot),
+        }
+    for a, b in pairs:
+        if a not in out["systems"] or b not in out["systems"]:
+            continue
+        ca, cb = out["systems"][a]["per_repeat"], out["systems"][b]["per_repeat"]
+        n = min(len(ca), len(cb))
+        ok = [(x, y) for x, y in zip(ca[:n], cb[:n]) if x > 0]
+        diff = stats.ratio("capacity", [x for x, _ in ok], [y for _, y in ok]) if ok else None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rb = draws[b] / draws[a]
+        rb = rb[np.isfinite(rb)]
+        out["pairs"].append({"a": a, "b": b, "ratio": diff.estimate if diff else None,
+                             "ratio_of_means": (np.mean(cb[:n]) / np.mean(ca[:n])) if n and np.mean(ca[:n]) else None,
+                             "per_repeat": list(diff.per_repeat) if diff else [],
+                             "repeat_ci": diff.repeat_ci if diff else None,
+                             "request_ci": _pct(rb) if len(rb) else None})
+    return out
+
+
+def _cap(run: Mapping[str, Any]) -> float:
+    """A search's capacity; below the grid counts as 0 (it met no rate)."""
+    return float(run.get("capacity_req_s") or 0.0)
+
+
+def _measured(points: Sequence[Mapping[str, Any]], repeat: int) -> list[tuple[float, np.ndarray]]:
+    """(rate, per-request joint met) of one system's points in one repeat, by rate."""
+    return sorted(((p["rate"], stats.joint_met(p["requests"])) for p in points if p.get("repeat") == repeat),
+                  key=lambda x: x[0])
+
+
+def _boot_capacity(measured: Sequence[tuple[float, np.ndarray]], rng: np.random.Generator,
+                   target: float = 0.9) -> np.ndarray:
+    """N_BOOT draws of the first crossing over the measured rates: each point's pass share drawn
+    from its Jeffreys posterior, Beta(passed + 1/2, missed + 1/2) (a plain resample of 40 passes
+    out of 40 would always pass: the posterior keeps the binomial uncertainty of a point that met
+    or missed everywhere), then the highest rate below the first failing one (0 when the lowest
+    fails; the highest when none fails)."""
+    if not measured:
+        return np.zeros(N_BOOT)
+    rates = np.array([r for r, _ in measured])
+    att = np.stack([rng.beta(m.sum() + 0.5, len(m) - m.sum() + 0.5, N_BOOT) for _, m in measured])  # (points, draws)
+    fails = att < target
+    first_fail = np.where(fails.any(axis=0), fails.argmax(axis=0), len(rates))
+    return np.where(first_fail == 0, 0.0, rates[np.maximum(first_fail - 1, 0)])
+
+
+def _pct(draws: np.ndarray) -> tuple[float, float] | None:
+    if len(draws) == 0:
+        return None
+    lo, hi = np.percentile(draws, [100 * (1 - stats.LEVEL) / 2, 100 * (1 + stats.LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def rereport_capacity(out_dir: Path) -> dict[str, Any]:
+    """Recompute the summary, table and plot of a finished capacity run from its ab.json."""
+    doc = json.loads((out_dir / "ab.json").read_text())
+    doc["capacity"] = summarize(doc["capacity_runs"], [tuple(p) for p in doc["config"].get("pairs") or []],
+                                doc["results"])
+    doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
+    (out_dir / "ab.json").write_text(json.dumps(doc, indent=1, default=str))
+    plot_capacity(doc, out_dir / "capacity.png")
+    (out_dir / "table.md").write_text(render_capacity(doc))
+    return doc
+
+
+# ---- report --------------------------------------------------------------------------------------
+def _ci(ci: Sequence[float] | None, fmt: str = "{:.3f}") -> str:
+    return "-" if not ci else f"{fmt.format(ci[0])} .. {fmt.format(ci[1])}"
+
+
+def render_capacity(doc: Mapping[str, Any]) -> str:
+    """table.md of a capacity run, from its ab.json document alone."""
+    from .recompute import tax_markdown
+
+    cfg, cap = doc["config"], doc.get("capacity") or {"systems": {}, "pairs": []}
+    grid = cfg.get("capacity_grid", {})
+    lines = [f"# SLO capacity, live: {cfg.get('profile')} profile, {cfg.get('workload')} workload "
+             f"({cfg.get('date_utc')})", "", f"command: `{' '.join(cfg.get('argv', []))}`", "",
+             f"capacity = highest rate with >= {100 * grid.get('target', 0.9):.0f}% of requests meeting both SLOs "
+             f"(first crossing; sim/capacity.py's search: grid {grid.get('lo')}..{grid.get('hi')} req/s x"
+             f"{grid.get('growth')}, bisection to {100 * grid.get('resolution', 0):.0f}%); SLO TTFT "
+             f"{cfg.get('slo_default', {}).get('ttft_ms', 0):g} ms / TBT {cfg.get('slo_default', {}).get('tbt_ms', 0):g} ms; "
+             f"{cfg.get('num_requests')} requests per point; order {cfg.get('order')}; repeats {cfg.get('repeats')}; "
+             f"wall {doc.get('wall_s', 0):.0f} s", ""]
+    machine = cfg.get("machine") or {}
+    if machine:
+        lines += ["machine: " + ", ".join(f"{k} {v}" for k, v in machine.items() if not isinstance(v, (dict, list))), ""]
+    cal = doc.get("calibration")
+    if cal:
+        lines += [f"Calibrated on {cal['probe_server']}: capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
+    loads = [x for pts in doc["results"].values() for p in pts for x in p.get("loadavg_1m", [])]
+    if loads:
+        lines += [f"1-minute load average during the points: {min(loads):.1f} .. {max(loads):.1f}", ""]
+    lines += ["| system | capacity per repeat (req/s) | mean | 95% repeat (t) | 95% request (posterior draws) "
+              "| passing again above the crossing |", "|---|---|---|---|---|---|"]
+    for name, s in cap["systems"].items():
+        per = ", ".join(f"{c:.3f}" + (f" ({z})" if z else "") for c, z in zip(s["per_repeat"], s["censored"]))
+        mean = "-" if s["mean_req_s"] is None else f"{s['mean_req_s']:.3f}"
+        above = "; ".join(", ".join(f"{r:.3g}" for r in a) or "-" for a in s.get("passes_above", []))
+        lines.append(f"| {name} | {per} | {mean} | {_ci(s['repeat_ci'])} | {_ci(s['request_ci'])} | {above} |")
+    lines.append("")
+    for p in cap["pairs"]:
+        per = ", ".join(f"{r:.2f}" for r in p["per_repeat"])
+        est = "-" if p["ratio"] is None else f"{p['ratio']:.2f}x"
+        lines.append(f"{p['b']} / {p['a']}: {est} (per repeat {per or '-'}; 95% repeat {_ci(p['repeat_ci'], '{:.2f}')}; "
+                     f"95% request {_ci(p['request_ci'], '{:.2f}')})")
+    lines += ["", "Points measured (rate: joint attainment):", ""]
+    for name, pts in doc["results"].items():
+        for k in sorted({p.get("repeat", 0) for p in pts}):
+            seq = ", ".join(f"{p['rate']:.3g}: {100 * p['summary']['joint_attainment']:.0f}%"
+                            for p in sorted((p for p in pts if p.get("repeat", 0) == k), key=lambda p: p["rate"]))
+            lines.append(f"- {name}, repeat {k}: {seq}")
+    results = {k: v for k, v in doc["results"].items() if v}
+    if results:
+        lines += ["", tax_markdown(results)]
+    if doc.get("errors"):
+        lines += ["Errors:", *(f"- {k}: {str(v).splitlines()[0] if v else ''}" for k, v in doc["errors"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def plot_capacity(doc: Mapping[str, Any], path: Path) -> None:
+    """Joint attainment of every measured point by rate, per system (one marker per repeat), the
+    target line and each system's mean capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    cap = doc.get("capacity", {}).get("systems", {})
+    for n, (name, pts) in enumerate(doc["results"].items()):
+        if not pts:
+            continue
+        color = f"C{n}"
+        for k in sorted({p.get("repeat", 0) for p in pts}):
+            mine = sorted((p for p in pts if p.get("repeat", 0) == k), key=lambda p: p["rate"])
+            ax.plot([p["rate"] for p in mine], [100 * p["summary"]["joint_attainment"] for p in mine],
+                    marker="os^v"[k % 4], color=color, alpha=0.8, label=f"{name} r{k}")
+        mean = cap.get(name, {}).get("mean_req_s")
+        if mean:
+            ax.axvline(mean, color=color, linestyle=":", linewidth=1)
+    ax.axhline(90, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("joint SLO attainment (%)")
+    ax.set_title(f"live capacity search ({doc['config'].get('profile')}; dotted: mean capacity)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""`ab_bench.py --capacity`: the live search (sim/capacity.py's find_capacity over live points,
+here over a scripted server), its statistics and its report, without starting a server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from superinfer_sgl.bench import capacity_live as cl
+from superinfer_sgl.bench.cli import parser
+from superinfer_sgl.sim.capacity import CapacityGrid
+
+
+def _requests(n: int, met: int) -> dict:
+    """n requests of which `met` meet both SLOs (TTFT 1 s, every gap met), the rest miss TTFT."""
+    return {"success": [True] * n, "ttft_ms": [100.0] * met + [5000.0] * (n - met), "ttft_slo_ms": [1000.0] * n,
+            "gaps_met": [9] * n, "n_gaps": [9] * n}
+
+
+def _point(rate: float, repeat: int, n: int, met: int) -> dict:
+    return {"rate": rate, "repeat": repeat, "summary": {"joint_attainment": met / n}, "requests": _requests(n, met)}
+
+
+class FakeSweep:
+    def __init__(self, attainment):  # attainment(system, rate) -> share met
+        self.attainment = attainment
+        self.servers = {"sglang": SimpleNamespace(pin=lambda c: None), "superinfer": SimpleNamespace(pin=lambda c: None)}
+        self.doc = {"results": {"sglang": [], "superinfer": []}}
+        self.bar = SimpleNamespace(update=lambda *a: None)
+        self.inners = [None, None]
+        self.failed = []
+        self.plan = SimpleNamespace(out_dir="the run's folder")
+
+    def fail(self, spec, exc):
+        self.failed.append(spec.name)
+
+
+def test_searches_run_side_by_side_and_find_each_first_crossing(tmp_path, monkeypatch):
+    n = 40
+    sweep = FakeSweep(lambda s, r: 1.0 if r <= (1.0 if s == "sglang" else 1.6) else 0.5)
+    calls = []
+
+    def fake_run_point(plan, spec, server, i, pt, bar, sync, partner):
+        if sync is not None:
+            sync.wait()  # both sides start each step together until one side's search ends
+        calls.append((spec.name, pt.rate, i))
+        met = round(n * sweep.attainment(spec.name, pt.rate))
+        return {**_point(pt.rate, plan.repeat, n, met), "label": pt.label}
+
+    monkeypatch.setattr(cl, "run_point", fake_run_point)
+    saved = []
+    monkeypatch.setattr(cl, "save", lambda plan, doc: saved.append(plan.out_dir))
+    (tmp_path / "schedules").mkdir()
+    plan = SimpleNamespace(repeat=0, seed=1, requests=[None] * n, out_dir=tmp_path,
+                           profile=SimpleNamespace(ready_timeout_s=30))
+    grid = CapacityGrid(lo=0.5, hi=4.0, growth=1.4, resolution=0.05)
+    pair = (SimpleNamespace(name="sglang"), SimpleNamespace(name="superinfer"))
+    found = cl.run_searches(sweep, plan, grid, 0, [pair], (frozenset({0}), frozenset({1})))
+    caps = {f["system"]: f for f in found}
+    assert 0.95 * 1.0 <= caps["sglang"]["capacity_req_s"] <= 1.0
+    assert 0.95 * 1.6 <= caps["superinfer"]["capacity_req_s"] <= 1.6
+    assert caps["sglang"]["cores"] == [0] and caps["superinfer"]["cores"] == [1]
+    # the sides used disjoint schedule files, and the same arrivals at the same rate
+    idx = {s: {i for name, _, i in calls if name == s} for s in ("sglang", "superinfer")}
+    assert not idx["sglang"] & idx["superinfer"]
+    a = json.loads((tmp_path / "schedules" / f"{min(idx['sglang']):03d}.json").read_text())
+    b = json.loads((tmp_path / "schedules" / f"{min(idx['superinfer']):03d}.json").read_text())
+    assert a["rate"] == b["rate"] == 0.5 and a["arrivals_s"] == b["arrivals_s"]
+    assert len(sweep.doc["results"]["superinfer"]) > len(sweep.doc["results"]["sglang"])  # went on alone
+    assert saved and set(saved) == {"the run's folder"}  # every point saved to the run's ab.json
+
+
+def test_summary_intervals_and_ratio():
+    runs, results = [], {"sglang": [], "superinfer": []}
+    for k, (ca, cb) in enumerate([(1.0, 1.5), (1.2, 1.5)]):
+        for system, cap in (("sglang", ca), ("superinfer", cb)):
+            runs.append({"system": system, "repeat": k, "capacity_req_s": cap, "censored": None,
+                         "bracket": (cap, cap * 1.1)})
+            results[system] += [_point(cap * f, k, 40, 40 if f <= 1 else 20) for f in (0.5, 1.0, 1.1)]
+    s = cl.summarize(runs, [("sglang", "superinfer")], results)
+    a, b = s["systems"]["sglang"], s["systems"]["superinfer"]
+    assert a["per_repeat"] == [1.0, 1.2] and a["mean_req_s"] == pytest.approx(1.1)
+    lo, hi = a["repeat_ci"]
+    assert lo < 1.1 < hi
+    assert b["repeat_ci"] is None  # two equal repeats say nothing about the spread
+    pair = s["pairs"][0]
+    assert pair["per_repeat"] == pytest.approx([1.5, 1.25]) and pair["ratio"] == pytest.approx(1.375)
+    # every request of the points up to the capacity met its SLOs (40 of 40: rarely drawn under 90%)
+    # and the point above met half (never drawn over 90%): the request-level interval is the capacity
+    assert a["request_ci"] == pytest.approx((1.1, 1.1))
+    assert pair["request_ci"] == pytest.approx((1.5 / 1.1, 1.5 / 1.1))
+
+
+def test_bootstrap_reads_the_first_crossing_of_resampled_points():
+    rng = np.random.default_rng(0)
+    measured = [(1.0, np.ones(40, bool)), (2.0, np.array([True] * 36 + [False] * 4)), (3.0, np.zeros(40, bool))]
+    draws = cl._boot_capacity(measured, rng)
+    assert set(np.unique(draws)) <= {0.0, 1.0, 2.0}  # 3.0 (0 of 40) never passes
+    assert 0.3 < (draws == 2.0).mean() < 0.7  # 2.0 sits at exactly 90%: about half of the draws fail it
+    assert (draws == 0.0).mean() < 0.02  # 40 of 40 at 1.0: seldom drawn under 90%, but it can be
+    few = cl._boot_capacity([(1.0, np.ones(5, bool)), (2.0, np.zeros(5, bool))], rng)
+    assert (few == 0.0).mean() > 0.2  # 5 of 5 says much less than 40 of 40
+    assert cl._boot_capacity([(1.0, np.zeros(10, bool))], rng).max() == 0.0  # nothing passes: 0
+
+
+def test_grid_comes_from_calibration_or_the_options():
+    opts = argparse.Namespace(capacity_grid=None, capacity_growth=1.4, capacity_resolution=0.1)
+    plan = SimpleNamespace(options=opts, profile=SimpleNamespace(rates=(0.5, 2.0)))
+    g = cl.grid_for(plan, 2.0)
+    assert (g.lo, g.hi, g.growth, g.resolution, g.target) == (1.0, 8.0, 1.4, 0.1, 0.9)
+    assert (cl.grid_for(plan, None).lo, cl.grid_for(plan, None).hi) == (0.5, 4.0)
+    opts.capacity_grid = (0.3, 3.0)
+    assert (cl.grid_for(plan, 2.0).lo, cl.grid_for(plan, 2.0).hi) == (0.3, 3.0)
+
+
+def test_cli_flags_and_report_render(tmp_path):
+    a = parser().parse_args(["--capacity", "--paired", "--capacity-grid", "0.4,2"])
+    assert a.capacity and a.capacity_grid == (0.4, 2.0) and a.capacity_resolution == 0.1
+    runs = [{"system": s, "repeat": 0, "capacity_req_s": c, "censored": None, "bracket": (c, c)}
+            for s, c in (("sglang", 1.0), ("superinfer", 1.4))]
+    results = {s: [{**_point(c, 0, 40, 40), "recompute": {"recomputed_tokens": 0.0, "prefill_tokens": 900.0}}]
+               for s, c in (("sglang", 1.0), ("superinfer", 1.4))}
+    doc = {"config": {"profile": "cpu", "workload": "sharegpt", "argv": ["x"], "pairs": [["sglang", "superinfer"]],
+                      "capacity_grid": {"target": 0.9, "lo": 0.5, "hi": 4, "growth": 1.4, "resolution": 0.1},
+                      "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": 1},
+           "results": results, "capacity_runs": runs, "errors": {}}
+    doc["capacity"] = cl.summarize(runs, [("sglang", "superinfer")], results)
+    text = cl.render_capacity(doc)
+    assert "superinfer / sglang: 1.40x" in text and "| sglang | 1.000 |" in text and "0.00% (0 / 900)" in text
+    cl.plot_capacity(doc, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
