@@ -1,5 +1,9 @@
 """Decision time of RotaSched's LVF policy for a queue of N requests.
 
+`lvf_decide` alone, over synthetic views; the server's whole step per iteration (views, decision,
+admission order, over SGLang's real requests, beside stock SGLang's) is
+`python -m superinfer_sgl.bench.sched_overhead`.
+
 Usage: python scripts/bench_policy.py [--n 1000] [--iters 200] [--policy paper|goodput]
                                     [--out results/bench_policy.json]
 """

@@ -13,8 +13,9 @@ from typing import Any
 
 from ..duplexkv.engine import RotationEngine
 from ..rotasched import ReqView
+from ..rotasched.views import ViewRules
 from . import rotation
-from .views import running_reserve, waiting_need
+from .views import waiting_need
 
 # Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
 PREFETCH_MAX_REQUESTS = 1
@@ -29,10 +30,10 @@ class Prefetcher:
 
     def __init__(self, sched: Any, engine: RotationEngine | None, rotary: dict[str, rotation.RotaryEntry],
                  stats: rotation.RotationStats, broadcast: Callable[[object], object],
-                 hold_rotary: int = 0, running_share: float = 1.0) -> None:
+                 hold_rotary: int = 0, rules: ViewRules | None = None) -> None:
         self.sched, self.engine, self.rotary, self.stats = sched, engine, rotary, stats
         self.broadcast, self.hold_rotary = broadcast, hold_rotary
-        self.running_share = running_share  # views.running_reserve
+        self.rules = rules or ViewRules(1)  # the runtime's: the running share and the reserve clip
         self.prefetched: dict[str, rotation.Prefetched] = {}
 
     def tokens(self) -> int:
@@ -43,14 +44,18 @@ class Prefetcher:
         """The prefetch of a request that resumes now (its slots become the resume's)."""
         return self.prefetched.pop(rid, None)
 
-    def start(self, ranked: Sequence[ReqView], queue: list[Any], restored: Container[str],
-              running_batch: Any, budget: int, iteration: int) -> None:
-        """`ranked`: the step's rotary views in the policy's order (`lvf.rank_order`); `queue`: the
+    def start(self, rank: Callable[[], Sequence[ReqView]], queue: list[Any], restored: Container[str],
+              running_reserved: float, budget: int, iteration: int) -> None:
+        """`rank()`: the step's rotary views in the policy's order (`lvf.rank_order`); `queue`: the
         requests offered for admission this step, `restored` the rids among them whose KV is back;
-        `budget`: inbound rotation blocks left this step."""
+        `running_reserved`: the running batch's decode reserve; `budget`: inbound rotation blocks
+        left this step."""
         if self.engine is None:
             return
-        room = self._room(running_batch, queue, restored)
+        room = self._room(queue, restored, running_reserved)
+        if room <= 0 and getattr(self.sched, "tp_size", 1) <= 1:
+            return  # no candidate fits (with TP every rank still meets the others in the broadcast)
+        ranked = rank()
         page = self.sched.token_to_kv_pool_allocator.page_size
         for entry in self._candidates(ranked, iteration):
             if len(self.prefetched) >= PREFETCH_MAX_REQUESTS:
@@ -84,14 +89,14 @@ class Prefetcher:
             rids = list(self.broadcast(rids))  # type: ignore[call-overload]
         return [self.rotary[rid] for rid in rids]
 
-    def _room(self, running_batch: Any, queue: list[Any], restored: Container[str]) -> int:
+    def _room(self, queue: list[Any], restored: Container[str], running_reserved: float) -> int:
         """Free device tokens left once this step's commitments are met: the decode reserve of the
         running batch, and the whole need of the requests offered for admission (resumed ones need
         one token plus their reserve)."""
-        sched = self.sched
-        committed = sum(running_reserve(sched, r, self.running_share) for r in running_batch.reqs if not r.finished())
+        sched, clip = self.sched, self.rules.clip
+        committed = running_reserved
         for req in queue:
-            committed += waiting_need(sched, req, req.rid in restored)
+            committed += waiting_need(sched, req, req.rid in restored, clip)
         return int(sched.token_to_kv_pool_allocator.available_size() - committed)
 
     def cancel_except(self, keep: set[str]) -> None:

@@ -35,6 +35,7 @@ from ..rotasched.goodput import GoodputParams, StepCosts
 from ..rotasched.clock import ReqClock
 from ..rotasched.lvf import rank_order
 from ..rotasched.policy import LvfPolicy
+from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
 from . import rotation
 from .rotation import RotationStats
 from . import views as req_views
@@ -47,15 +48,18 @@ logger = logging.getLogger(__name__)
 # step.per_resume_s, profiles/cpu-smollm2-135m.json); on a GPU a rotation's extra time starts at 0.
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
+_RUNNING, _WAITING = ReqState.RUNNING, ReqState.WAITING  # enum class lookups are slow per request
 
 
 class RotaSchedRuntime:
     def __init__(self, sched: Any, cfg: SuperInferConfig, *, engine: RotationEngine | None = None,
                  metrics: Any = None, broadcast: Callable[[object], object] | None = None,
-                 link_bytes_per_s: float | None = None, disabled_reason: str | None = None) -> None:
+                 link_bytes_per_s: float | None = None, disabled_reason: str | None = None,
+                 clip: int = CLIP_MAX_NEW_TOKENS) -> None:
         """`engine`: None runs SGLang's own scheduling (rotation off, `disabled_reason` why);
         `broadcast`: rank 0's object to every TP rank (None: one rank); `link_bytes_per_s`: the KV
-        link's measured speed, for the auto rotation budget."""
+        link's measured speed, for the auto rotation budget; `clip`: SGLang's decode reserve clip
+        (startup reads SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)."""
         self.sched, self.cfg = sched, cfg
         self.params = VltParams(cfg.vlt_alpha, cfg.vlt_beta_ttft, cfg.vlt_beta_tbt)
         self.policy_class = planner.POLICIES[cfg.policy]  # --policy; an object per step (_step_policy)
@@ -89,9 +93,13 @@ class RotaSchedRuntime:
         # (all remaining outputs) only where a rotation can answer a shortage.
         share = cfg.running_reserve if cfg.running_reserve is not None else self.policy_class.running_reserve
         self.running_share = share if engine is not None else 1.0
+        self.rules = ViewRules(self.bt, clip, self.running_share)
+        # views rebuilt only for requests whose inputs changed (reuse=False: all, every step)
+        self.step_views = req_views.StepViews(self.rules, self.policy_class.reads_running_progress)
+        self._reserved = 0.0  # the running batch's decode reserve, this step
         # rotary requests whose KV is coming back early
         self.prefetcher = Prefetcher(sched, engine, self.rotary, self.stats, self.broadcast, self.hold_rotary,
-                                     self.running_share)
+                                     self.rules)
 
     # ---- policy ------------------------------------------------------------------------------
     @property
@@ -115,14 +123,22 @@ class RotaSchedRuntime:
         return clk
 
     def observe(self, running: list[Any], now: float) -> None:
+        clocks = self.clocks
         for req in running:
-            clk = self.clock(req, now)
+            clk = clocks.get(req.rid)
+            if clk is None:
+                clk = self.clock(req, now)
             clk.observe_outputs(len(req.output_ids), now)
-            clk.set_state(ReqState.RUNNING, now)
+            if clk.state is not _RUNNING:  # (set_state keeps a running stint's start)
+                clk.set_state(_RUNNING, now)
         for req in self.sched.waiting_queue:
-            clk = self.clock(req, now)
+            clk = clocks.get(req.rid)
+            if clk is None:
+                clk = self.clock(req, now)
+            elif clk.state is _WAITING and clk.outputs_seen == len(req.output_ids):
+                continue  # waiting since its last observation, with no new output: nothing to record
             clk.observe_outputs(len(req.output_ids), now)
-            clk.set_state(ReqState.WAITING, now)
+            clk.set_state(_WAITING, now)
 
     def has_work(self) -> bool:
         # (A prefetched request is still rotary, so its slots are covered too.)
@@ -162,15 +178,23 @@ class RotaSchedRuntime:
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
         # every TP rank offers the same queue.
-        by_rid_waiting = {r.rid: r for r in self.sched.waiting_queue}
-        rids = planner.admission_order(list(by_rid_waiting), list(self.resume_locks), decision)
-        order = [by_rid_waiting[rid] for rid in rids if rid in by_rid_waiting]
+        queue = self.sched.waiting_queue
+        rids = [r.rid for r in queue]
+        by_rid_waiting = dict(zip(rids, queue))
+        order = [by_rid_waiting[rid] for rid in planner.admission_order(rids, list(self.resume_locks), decision)
+                 if rid in by_rid_waiting]
         if self.cfg.prefetch:
-            # the policy's own order: a prefetch bets on the request LVF resumes next
-            ranked = rank_order([v for v in views if v.state is ReqState.ROTARY], now, self.params, policy)
+            rules = self.rules
+            # the running batch's reserve after this step's outs left it (the same sum when none did)
+            reserved = self._reserved if not out else sum(
+                req_views.running_reserve(self.sched, r, rules.running_share, rules.clip)
+                for r in running_batch.reqs if not r.finished())
             first = set(self.resume_locks) | set(decision.admit)
-            self.prefetcher.start(ranked, [r for r in order if r.rid in first], self.resume_locks,
-                                  running_batch, self.budget - self.inbound_blocks, self.iteration)
+            # the policy's own order: a prefetch bets on the request LVF resumes next
+            self.prefetcher.start(
+                lambda: rank_order([v for v in views if v.state is ReqState.ROTARY], now, self.params, policy),
+                [r for r in order if r.rid in first], self.resume_locks, reserved,
+                self.budget - self.inbound_blocks, self.iteration)
         return order
 
     def _eager_sync(self, live: list[Any], running_batch: Any) -> None:
@@ -190,7 +214,7 @@ class RotaSchedRuntime:
             self.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late))
 
     def _decide(self, views: list[ReqView], running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
-        free = req_views.free_blocks(self.sched, running_batch, self.prefetcher.tokens(), self.bt, self.running_share)
+        free = req_views.free_blocks(self.sched, self.prefetcher.tokens(), self._reserved, self.bt)
         return planner.plan_step(views, free, self.budget, now, self.params,
                                  policy, self.sched.chunked_req is not None)
 
@@ -242,7 +266,7 @@ class RotaSchedRuntime:
             admitted = [r for r in order if id(r) not in kept]
             added = [r for r in after if id(r) not in offered]
             gone = {id(r) for r in admitted}
-            sched.waiting_queue = [r for r in before if id(r) not in gone] + added
+            sched.waiting_queue = [r for r in before if id(r) not in gone] + added if gone else before + added
         self._unlock_admitted(admitted)
         return plan
 
@@ -268,28 +292,13 @@ class RotaSchedRuntime:
     def prefetched(self) -> dict[str, rotation.Prefetched]:
         return self.prefetcher.prefetched
 
-    def _blocks(self, tokens: float) -> int:
-        return planner.blocks(tokens, self.bt)
-
     def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
-        sched, view, reserve = self.sched, req_views.view, req_views.reserve
-        views, by_rid = [], {}
+        """Every running, waiting and rotary request's view (`req_views.StepViews`); the running
+        batch's decode reserve is kept for this step's free blocks and prefetch room."""
         young = now - self.min_stint_s  # stints that began after this are not over yet
-        for req in live:
-            clk = self.clocks[req.rid]
-            can = clk.run_start is not None and clk.run_start <= young and req_views.rotatable(sched, req)
-            held = self._blocks(req.seqlen + req_views.running_reserve(sched, req, self.running_share))
-            views.append(view(clk, req, ReqState.RUNNING, 0, held, can))
-            by_rid[req.rid] = req
-        for req in sched.waiting_queue:
-            restored = req.rid in self.resume_locks
-            views.append(view(self.clocks[req.rid], req, ReqState.WAITING,
-                              self._blocks(req_views.waiting_need(sched, req, restored)), 0, True,
-                              req_views.extend_tokens(req, restored)))
-        for rid, entry in self.rotary.items():
-            need = entry.host_kv.num_tokens + 1 + reserve(sched, entry.req)
-            views.append(view(self.clocks[rid], entry.req, ReqState.ROTARY, self._blocks(need), 0, True))
-        return views, by_rid
+        views, self._reserved = self.step_views.build(self.sched, live, self.clocks, self.resume_locks,
+                                                      self.rotary, young)
+        return views, {r.rid: r for r in live}
 
     # ---- actions -----------------------------------------------------------------------------
     def _forced(self, running_batch: Any, live: list[Any], chosen: list[Any]) -> list[Any]:

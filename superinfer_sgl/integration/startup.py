@@ -16,6 +16,7 @@ from ..duplexkv.host_pool import HostKVPool
 from ..duplexkv.link_probe import measure_link
 from .kv_adapter import UnsupportedKVPool, device_pool_view
 from .runtime import RotaSchedRuntime
+from .views import clip_max_new_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def create_runtime(sched: Any, cfg: SuperInferConfig) -> RotaSchedRuntime:
     setup = open_engine(sched, cfg) if cfg.scheduler == "rotasched" else EngineSetup(None)
     rt = RotaSchedRuntime(sched, cfg, engine=setup.engine, metrics=open_metrics(),
                           broadcast=broadcaster(sched), link_bytes_per_s=setup.link_bytes_per_s,
-                          disabled_reason=setup.disabled_reason)
+                          disabled_reason=setup.disabled_reason, clip=clip_max_new_tokens())
     if rt.engine is not None:
         host = rt.engine.host_pool
         logger.info("superinfer: host rotary pool %d blocks x %d tokens of %s (%.2f GiB), transfer=%s, "

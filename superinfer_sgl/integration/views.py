@@ -1,7 +1,7 @@
-"""What the policy sees of SGLang's requests: ReqViews, block needs and the free-block budget.
-
-Reads SGLang's Req and scheduler objects; the rules (the decode reserve, block rounding) are the
-shared planner's (`rotasched.planner`), so the simulator builds its views by the same arithmetic.
+"""What the policy sees of SGLang's requests: the numbers `rotasched.views` builds ReqViews, block
+needs and the free-block budget from, read off SGLang's Req and scheduler objects. The rules
+themselves (the decode reserve, block rounding, the clip) are the pure builder's, which the
+simulator adapts its requests to as well.
 """
 
 from __future__ import annotations
@@ -10,34 +10,41 @@ import os
 from typing import Any
 
 from ..rotasched import ReqState, ReqView
-from ..rotasched import planner
+from ..rotasched import views as rules_
 from ..rotasched.clock import ReqClock
+from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
 from . import rotation
 
-# SGLang reads the same variable for its own decode reserve: the clip must match it.
-CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
-                                         str(planner.CLIP_MAX_NEW_TOKENS)))
+CLIP_ENV = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
 
 
-def reserve(sched: Any, req: Any) -> float:
-    """SGLang's decode reserve of one request admitted now (its remaining outputs x the new-token
-    ratio): a waiting or rotary candidate's."""
-    return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids),
-                                  _ratio(sched, req), CLIP_MAX_NEW_TOKENS)
+def clip_max_new_tokens() -> int:
+    """SGLang's clip of a decode reserve: it reads the same variable for its own (schedule_policy),
+    so ours must match. Read when a runtime is created (startup.create_runtime), not at import."""
+    return int(os.environ.get(CLIP_ENV, str(CLIP_MAX_NEW_TOKENS)))
 
 
-def running_reserve(sched: Any, req: Any, share: float) -> float:
-    """A running request's decode reserve: `share` of its remaining outputs when it is fixed-length
-    (planner.running_reserve_ratio; SGLang's PrefillAdder applies the same rule: hooks.py)."""
-    fixed = req.sampling_params.ignore_eos
-    ratio = planner.running_reserve_ratio(fixed, share if fixed else sched.new_token_ratio_tracker.current, share)
-    return planner.reserve_tokens(req.sampling_params.max_new_tokens - len(req.output_ids), ratio,
-                                  CLIP_MAX_NEW_TOKENS)
+def _left(req: Any) -> int:
+    return req.sampling_params.max_new_tokens - len(req.output_ids)
 
 
 def _ratio(sched: Any, req: Any) -> float:
     """SGLang's new-token ratio for this request's reserve (1 when it ignores EOS)."""
     return 1.0 if req.sampling_params.ignore_eos else sched.new_token_ratio_tracker.current
+
+
+def reserve(sched: Any, req: Any, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
+    """SGLang's decode reserve of one request admitted now (its remaining outputs x the new-token
+    ratio): a waiting or rotary candidate's."""
+    return rules_.reserve_tokens(_left(req), _ratio(sched, req), clip)
+
+
+def running_reserve(sched: Any, req: Any, share: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
+    """A running request's decode reserve: `share` of its remaining outputs when it is fixed-length
+    (rotasched.views.running_reserve_ratio; SGLang's PrefillAdder applies the same rule: hooks.py)."""
+    fixed = req.sampling_params.ignore_eos
+    ratio = rules_.running_reserve_ratio(fixed, 1.0 if fixed else sched.new_token_ratio_tracker.current, share)
+    return rules_.reserve_tokens(_left(req), ratio, clip)
 
 
 def resident(req: Any, restored: bool) -> int:
@@ -46,27 +53,25 @@ def resident(req: Any, restored: bool) -> int:
 
 
 def extend_tokens(req: Any, restored: bool) -> int:
-    """Tokens the request's admission computes (planner.extend_tokens)."""
-    return planner.extend_tokens(len(req.origin_input_ids), len(req.output_ids), resident(req, restored))
+    """Tokens the request's admission computes (rotasched.views.extend_tokens)."""
+    return rules_.extend_tokens(len(req.origin_input_ids), len(req.output_ids), resident(req, restored))
 
 
-def waiting_need(sched: Any, req: Any, restored: bool) -> float:
-    """Device tokens a waiting request needs to be admitted now (planner.waiting_need)."""
+def waiting_need(sched: Any, req: Any, restored: bool, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
+    """Device tokens a waiting request needs to be admitted now (rotasched.views.waiting_need)."""
     out = len(req.output_ids)
-    return planner.waiting_need(len(req.origin_input_ids), out, resident(req, restored),
-                                req.sampling_params.max_new_tokens - out, _ratio(sched, req),
-                                CLIP_MAX_NEW_TOKENS)
+    return rules_.waiting_need(len(req.origin_input_ids), out, resident(req, restored),
+                               req.sampling_params.max_new_tokens - out, _ratio(sched, req), clip)
 
 
-def free_blocks(sched: Any, running_batch: Any, also_free_tokens: int, block_tokens: int, share: float) -> int:
+def free_blocks(sched: Any, also_free_tokens: int, reserved: float, block_tokens: int) -> int:
     """The budget SGLang's PrefillAdder admits against, in rotation blocks: free + evictable
-    tokens minus the decode reserve of every running request (`running_reserve`), plus
-    `also_free_tokens` (slots held for prefetches: given back before anything is allocated,
+    tokens minus the decode reserve of every running request (`reserved`: `StepViews.build`'s),
+    plus `also_free_tokens` (slots held for prefetches: given back before anything is allocated,
     unless their request resumes now)."""
     alloc, tree = sched.token_to_kv_pool_allocator, sched.tree_cache
-    reserved = sum(running_reserve(sched, r, share) for r in running_batch.reqs if not r.finished())
-    return max(0, int(alloc.available_size() + also_free_tokens + tree.evictable_size() - reserved)
-               // block_tokens)
+    return rules_.free_blocks(alloc.available_size() + also_free_tokens + tree.evictable_size(), reserved,
+                              block_tokens)
 
 
 def rotatable(sched: Any, req: Any) -> bool:
@@ -84,16 +89,86 @@ def rotatable(sched: Any, req: Any) -> bool:
 
 
 def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rotate: bool,
-         prefill_tokens: int = 0) -> ReqView:
-    """One request's view: its clock's times and SLO, the blocks it needs or holds, and what the
-    goodput policy reads (gaps it may still miss and outputs left, from `max_new_tokens`; TTFT
-    met; class weight)."""
-    left = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
-    return ReqView(
-        rid=clk.rid, state=state, arrival=clk.arrival, last_token=clk.last_token,
-        run_start=clk.run_start if state == ReqState.RUNNING else None,
-        ttft_slo=clk.slo.ttft_s, tbt_slo=clk.slo.tbt_s,
-        blocks_needed=need, blocks_held=held, rotatable=can_rotate,
-        prefill_tokens=max(0, prefill_tokens), misses_left=clk.misses_left(left), ttft_met=clk.ttft_met,
-        weight=clk.slo.weight, outputs_left=min(left, CLIP_MAX_NEW_TOKENS),
-    )
+         prefill_tokens: int = 0, clip: int = CLIP_MAX_NEW_TOKENS) -> ReqView:
+    """One request's view with its block counts given (rotasched.views.view)."""
+    return rules_.view(clk, state, need, held, can_rotate, prefill_tokens, _left(req), clip)
+
+
+def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool, sglang_ratio: float) -> ReqView:
+    ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
+    return rules.waiting(clk, len(req.origin_input_ids), len(req.output_ids), resident(req, restored),
+                         _left(req), ratio)
+
+
+class StepViews:
+    """A step's views of every running, waiting and rotary request, and the running batch's decode
+    reserve (the free-block budget's and prefetch room's: each request's reserve computed once).
+
+    A view depends on the step's time only through the quantum (`can`), so one whose inputs are as
+    at its last build (its clock, outputs, host KV, the ratio of its reserve) is reused: between
+    decode steps only running requests change, and of those only what the policy reads is checked
+    (below; `reads_running_progress`: the goodput policy's gap budgets and first tokens).
+    `reuse=False` builds every view afresh (the reference the incremental path is tested
+    against)."""
+
+    def __init__(self, rules: ViewRules, reads_running_progress: bool, reuse: bool = True) -> None:
+        self.rules, self.progress = rules, reads_running_progress
+        self.cache: dict[str, tuple[tuple[object, ...], ReqView]] | None = {} if reuse else None
+
+    def build(self, sched: Any, live: list[Any], clocks: dict[str, ReqClock], restored: Any,
+              rotary: dict[str, Any], young: float) -> tuple[list[ReqView], float]:
+        """`live`: the running batch's unfinished requests; `restored`: rids of waiting requests
+        whose KV is back (a container); `rotary`: rid -> entry (`.req`, `.host_kv`); `young`:
+        stints that began after it are within the quantum."""
+        rules, old = self.rules, self.cache
+        bt, clip, share = rules.block_tokens, rules.clip, rules.running_share
+        tracker = getattr(sched, "new_token_ratio_tracker", None)
+        sglang_ratio = tracker.current if tracker is not None else 1.0
+        cache: dict[str, tuple[tuple[object, ...], ReqView]] = {}
+        views: list[ReqView] = []
+        add, reserved = views.append, 0.0
+        for req in live:
+            rid, clk = req.rid, clocks[req.rid]
+            fixed, left = req.sampling_params.ignore_eos, _left(req)
+            ratio = share if fixed else sglang_ratio
+            reserve = rules_.reserve_tokens(left, ratio, clip)
+            reserved += reserve
+            start = clk.run_start
+            can = start is not None and start <= young and rotatable(sched, req)
+            # What a policy reads of a running request: its blocks, stint and rotatability (LVF),
+            # and, for one that reads its progress (goodput), its gaps left to miss and whether its
+            # first token came. Its last token's time and outputs left are read only of waiting and
+            # rotary requests, so a view kept for them may hold older values.
+            key: tuple[object, ...] = (clk, _RUN, rules_.blocks(req.seqlen + reserve, bt), can, start)
+            if self.progress:
+                key += (clk.misses_left(left if left > 0 else 0), clk.first_token)
+            hit = None if old is None else old.get(rid)
+            if hit is None or hit[0] != key:
+                hit = (key, rules.running(clk, req.seqlen, left, ratio, can))
+            cache[rid] = hit
+            add(hit[1])
+        for req in sched.waiting_queue:
+            rid = req.rid
+            clk, back = clocks[rid], rid in restored
+            ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
+            key = (clk, _WAIT, len(req.output_ids), back, ratio)
+            hit = None if old is None else old.get(rid)
+            if hit is None or hit[0] != key:
+                hit = (key, waiting_view(rules, clk, req, back, sglang_ratio))
+            cache[rid] = hit
+            add(hit[1])
+        for rid, entry in rotary.items():
+            clk, req, host = clocks[rid], entry.req, entry.host_kv.num_tokens
+            ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
+            key = (clk, _ROT, len(req.output_ids), host, ratio)
+            hit = None if old is None else old.get(rid)
+            if hit is None or hit[0] != key:
+                hit = (key, rules.rotary(clk, host, _left(req), ratio))
+            cache[rid] = hit
+            add(hit[1])
+        if old is not None:
+            self.cache = cache  # requests gone since the last step drop out
+        return views, reserved
+
+
+_RUN, _WAIT, _ROT = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY

@@ -10,7 +10,9 @@ counted in the same unit (rotation blocks of --rotary-block-tokens tokens).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PAPER, PROMOTED, VIABLE, LvfPolicy
@@ -120,7 +122,7 @@ def _contended(
     policy: LvfPolicy,
 ) -> Decision:
     """Steps 2-5: head scan by rank, rotate out from the tail, shrink if the tail falls short."""
-    pending = _ranked(waiting_rotary, now, params, policy)
+    pending = _LazyOrder(_rows(waiting_rotary, now, params, policy))
     victims = _victims(views, now, params, policy)
     # Memory an urgent request could ever get: what is free plus what running requests hold.
     wall = free + sum([v.blocks_held for v in views if v.state is _RUNNING])
@@ -146,18 +148,45 @@ def _ranked(waiting_rotary: Sequence[ReqView], now: float, params: VltParams,
             policy: LvfPolicy) -> _Ranked:
     """Step 2: sort by the policy's rank (the paper's: VLT descending), ties oldest arrival first,
     then rid."""
-    lags = vlts(waiting_rotary, now, params)
-    tiers, keys = policy.rank(waiting_rotary, lags, now)
-    rows = [(tier, key, v.arrival, v.rid, v, lag > 0)
-            for tier, key, v, lag in zip(tiers, keys, waiting_rotary, lags)]
+    rows = _rows(waiting_rotary, now, params, policy)
     rows.sort()
     return rows
+
+
+def _rows(waiting_rotary: Sequence[ReqView], now: float, params: VltParams, policy: LvfPolicy) -> _Ranked:
+    lags = vlts(waiting_rotary, now, params)
+    tiers, keys = policy.rank(waiting_rotary, lags, now)
+    return [(tier, key, v.arrival, v.rid, v, lag > 0) for tier, key, v, lag in zip(tiers, keys, waiting_rotary, lags)]
+
+
+class _LazyOrder:
+    """`_ranked`'s order, sorted only as far as the head scans read it: a heap, popped into a list
+    the second scan reads again. The scan mostly stops early (at the first urgent request that
+    does not fit), so a full sort per iteration would order thousands of rows nobody reads. Rows
+    are unique by rid, so the heap's order is the sort's."""
+
+    def __init__(self, rows: _Ranked) -> None:
+        heapq.heapify(rows)
+        self.heap, self.done = rows, []
+
+    def __iter__(self) -> Iterator[tuple[int, float, float, str, ReqView, bool]]:
+        done, heap, pop = self.done, self.heap, heapq.heappop
+        i = 0
+        while True:
+            if i == len(done):
+                if not heap:
+                    return
+                done.append(pop(heap))
+            yield done[i]
+            i += 1
 
 
 def _victims(views: Sequence[ReqView], now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
     """Step 4's candidates, tail first: rotatable running requests with VLT < 0 that the policy
     lets go (the paper's: the longest stint first)."""
     movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
+    if not movable:  # (every policy picks victims among these only)
+        return []
     stints = vlts(movable, now, params)  # -stint length for running requests
     return policy.victims(views, movable, stints)
 
@@ -180,7 +209,7 @@ class _HeadScan:
     does not fit stops the scan, as an urgent one does (but it never displaces anyone).
     """
 
-    def __init__(self, pending: _Ranked, free: int, budget: int, wall: int, now: float,
+    def __init__(self, pending: _LazyOrder, free: int, budget: int, wall: int, now: float,
                  policy: LvfPolicy) -> None:
         self.pending, self.free, self.budget, self.wall = pending, free, budget, wall
         self.now, self.policy = now, policy
@@ -192,11 +221,12 @@ class _HeadScan:
         defers, queues_best_effort = self.policy.defers, self.policy.queues_best_effort
         used = inbound = 0
         ahead = 0  # prompt tokens of the prefills chosen so far
-        queue = list(self.pending)
-        for tier, key, arrival, rid, view, hot in queue:  # a deferred row is appended: it comes last
+        deferred: _Ranked = []
+        # (chain reads `deferred` once the ranked rows are done: deferred rows come last)
+        for tier, key, arrival, rid, view, hot in itertools.chain(self.pending, deferred):
             urgent = tier == PROMOTED or (tier == VIABLE and hot)
             if tier == VIABLE and view.state is _WAITING and defers(view, now, ahead):
-                queue.append((BEST_EFFORT, key, arrival, rid, view, hot))
+                deferred.append((BEST_EFFORT, key, arrival, rid, view, hot))
                 continue
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):

@@ -1,15 +1,14 @@
 """The RotaSched step, once for the server and the simulator: from request views to a Decision
 and the order in which SGLang's PrefillAdder is offered the waiting queue.
 
-`integration/runtime.py` and `sim/policies/rotasched.py` both build views of their requests and
-call `plan_step` and `admission_order`; the rules below exist nowhere else. The policy is chosen by
-name (--policy) from `POLICIES`.
+`integration/runtime.py` and `sim/policies/rotasched.py` both build views of their requests
+(`rotasched.views`) and call `plan_step` and `admission_order`; the rules below exist nowhere
+else. The policy is chosen by name (--policy) from `POLICIES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 from superinfer_sgl.registry import Registry
@@ -18,12 +17,20 @@ from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
 from superinfer_sgl.rotasched.policy import LvfPolicy, PaperLvf, PolicyClass
 from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
+# The memory rules live with the view builder (rotasched/views.py); named here too, for callers
+# that plan steps.
+from superinfer_sgl.rotasched.views import (  # noqa: F401
+    CLIP_MAX_NEW_TOKENS,
+    blocks,
+    extend_tokens,
+    reserve_tokens,
+    running_reserve_ratio,
+    waiting_need,
+)
 
 # The server's --policy choices (the first is the default's place in --help only).
 POLICIES: Registry[PolicyClass] = Registry("policy", {"goodput": GoodputLvf, "paper": PaperLvf})
 
-# SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default: the decode reserve clips outputs here.
-CLIP_MAX_NEW_TOKENS = 4096
 PAPER_BUDGET_BLOCKS = 2400  # the paper's B_xfer
 BUDGET_POOL_SHARE = 8  # default budget: at most 1/8 of the device KV pool per iteration
 
@@ -40,39 +47,6 @@ def rotation_budget(blocks: int | None, pool_tokens: int, block_tokens: int,
         return blocks
     link = PAPER_BUDGET_BLOCKS if link_blocks_per_step is None else int(link_blocks_per_step)
     return max(1, min(link, pool_tokens // block_tokens // BUDGET_POOL_SHARE))
-
-
-def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """SGLang's decode reserve of one request: its remaining outputs, clipped, times the ratio."""
-    return min(max(outputs_left, 0), clip) * new_token_ratio
-
-
-def running_reserve_ratio(ignore_eos: bool, sglang_ratio: float, fixed_length: float) -> float:
-    """The new-token ratio of a *running* request's decode reserve. A request that may stop at EOS
-    keeps SGLang's estimate (`sglang_ratio`, decaying as requests finish early). A fixed-length one
-    (ignore_eos), for which SGLang keeps back every remaining output token until it ends, keeps the
-    policy's share `fixed_length` (`running_reserve`): below 1 more requests share the device pool,
-    and when it runs short LVF rotates a request out to host memory instead of SGLang retracting
-    one to recompute. A waiting candidate's own need (`waiting_need`) is SGLang's either way."""
-    return fixed_length if ignore_eos else sglang_ratio
-
-
-def extend_tokens(prompt_tokens: int, outputs: int, resident: int) -> int:
-    """Tokens a waiting request's admission computes: its prompt and outputs so far, less what is
-    already resident on the device (a resumed request's restored KV)."""
-    return prompt_tokens + outputs - resident
-
-
-def waiting_need(prompt_tokens: int, outputs: int, resident: int, outputs_left: int,
-                 new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """Device tokens a waiting request needs to be admitted now: `extend_tokens` plus its decode
-    reserve (`reserve_tokens`). The one rule for the server's views, its prefetch room, its
-    headroom gauges and the simulator (whose stock admission passes ratio 1)."""
-    return extend_tokens(prompt_tokens, outputs, resident) + reserve_tokens(outputs_left, new_token_ratio, clip)
-
-
-def blocks(tokens: float, block_tokens: int) -> int:
-    return max(0, math.ceil(tokens / block_tokens))
 
 
 def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> float:
@@ -125,10 +99,10 @@ def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: D
     stopped at an urgent request that does not fit, only that one follows: the others must not
     take the memory it waits for. `waiting` is the queue (restored rids may already be in it)."""
     first = [*restored, *decision.admit]
-    rank = {rid: i for i, rid in enumerate(first)}
-    ranked = sorted((rid for rid in dict.fromkeys([*waiting, *restored]) if rid in rank),
-                    key=rank.__getitem__)
-    rest = [rid for rid in waiting if rid not in rank]
-    if decision.blocked is not None:
-        rest = [rid for rid in rest if rid == decision.blocked]
-    return ranked + rest
+    rank = {rid: i for i, rid in enumerate(first)}  # a rid listed twice keeps its later place
+    queued = set(waiting)
+    ranked = sorted((rid for rid in rank if rid in queued or rid in restored), key=rank.__getitem__)
+    blocked = decision.blocked
+    if blocked is not None:  # (rids are unique: the queue's rest is the blocked one, or nobody)
+        return ranked + ([blocked] if blocked in queued and blocked not in rank else [])
+    return ranked + ([rid for rid in waiting if rid not in rank] if rank else list(waiting))

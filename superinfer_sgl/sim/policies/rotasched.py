@@ -1,10 +1,7 @@
-"""RotaSched in the simulator: the production LVF (rotasched.lvf_decide) over views built the way
-integration/runtime.py builds them, executed the way the runtime executes a Decision.
+"""RotaSched in the simulator: the production LVF (rotasched.lvf_decide) over views built by the
+server's builder (rotasched.views: this module only reads a SimReq's numbers for it, as
+integration/views.py reads SGLang's Req), executed the way the runtime executes a Decision.
 
-Mirrors RotaSchedRuntime._views, integration.views.free_blocks and RotaSchedRuntime._step: blocks
-are rotation blocks; a running request holds ceil((seqlen + decode reserve) / block); a waiting one
-needs its prompt and outputs not yet resident plus the reserve; a rotary one its host KV plus one
-token plus the reserve; free blocks are SGLang's admission budget (free minus running reserves).
 The decision's rotate-outs go first, resumes restore KV into the (simulated) radix tree and requeue
 the request, and SGLang's PrefillAdder sees the restored requests, then LVF's admissions, then the
 rest of the queue.
@@ -12,19 +9,17 @@ rest of the queue.
 
 from __future__ import annotations
 
-import math
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
-from superinfer_sgl.rotasched.planner import (
+from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, plan_step, quantum_s
+from superinfer_sgl.rotasched.views import (
     CLIP_MAX_NEW_TOKENS,
-    POLICIES,
-    admission_order,
-    chunk_tokens,
-    plan_step,
-    quantum_s,
+    ViewRules,
+    blocks,
+    free_blocks,
     reserve_tokens,
-    running_reserve_ratio,
+    rotary_need,
     waiting_need,
 )
 from superinfer_sgl.sim.policies.base import Plan, Policy, SimState
@@ -50,11 +45,12 @@ class RotaSched(Policy):
         self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
         self._meter: CostMeter | None = None  # SimConfig.measured_costs
         self._fed: tuple[float, int, int] | None = None  # the last step the meter was fed
+        self._rules: ViewRules | None = None  # the run's (block size, running share)
 
     def plan(self, sim: SimState) -> Plan:
         cfg, now = sim.config, sim.now
         views = self._views(sim)
-        free = max(0, int(sim.free_tokens - self._running_reserve(sim)) // cfg.block_tokens)
+        free = free_blocks(sim.free_tokens, self._running_reserve(sim), cfg.block_tokens)
         policy = self.policy_class.for_step(lambda: self._goodput(sim))
         d = plan_step(views, free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None)
         self.last_decision = d
@@ -101,19 +97,24 @@ class RotaSched(Policy):
         return self._meter.costs
 
     # ---- admission (SGLang's PrefillAdder under our patch: patches/running_reserve.py) --------
+    def rules(self, sim: SimState) -> ViewRules:
+        if self._rules is None:
+            share = sim.config.running_reserve
+            self._rules = ViewRules(sim.config.block_tokens, CLIP_MAX_NEW_TOKENS,
+                                    self.policy_class.running_reserve if share is None else share)
+        return self._rules
+
     def running_ratio(self, sim: SimState) -> float:
-        """The new-token ratio of a running request's reserve (planner.running_reserve_ratio)."""
-        share = sim.config.running_reserve
-        return running_reserve_ratio(sim.config.ignore_eos, sim.new_token_ratio,
-                                     self.policy_class.running_reserve if share is None else share)
+        """The new-token ratio of a running request's reserve (rotasched.views.running_reserve_ratio)."""
+        return self.rules(sim).running_ratio(sim.config.ignore_eos, sim.new_token_ratio)
 
     def admission_room(self, sim: SimState) -> float:
         return sim.free_tokens - self._running_reserve(sim)
 
-    # ---- views (runtime._views) --------------------------------------------------------------
+    # ---- views (the builder's, over a SimReq's numbers) ----------------------------------------
     def _running_reserve(self, sim: SimState) -> float:
         ratio, clip = self.running_ratio(sim), CLIP_MAX_NEW_TOKENS
-        # sum of _reserve(r, ratio), inlined: this runs over the running batch every iteration
+        # sum of reserve_tokens(left, ratio), inlined: this runs over the running batch every iteration
         held = sum([((left if (left := r.spec.output_tokens - r.outputs) < clip else clip) * ratio)
                     for r in sim.running])
         return held + (_reserve(sim.chunked, sim.new_token_ratio) if sim.chunked is not None else 0.0)
@@ -125,13 +126,15 @@ class RotaSched(Policy):
         one only while its own reserve keeps every remaining output: `running_ratio` 1); and a
         running request, once rotatable, stays rotatable until it moves (its outputs and the
         iteration only grow, its prefill iteration and stint start are fixed)."""
-        bt, it, ratio = sim.config.block_tokens, sim.iteration, sim.new_token_ratio
+        rules = self.rules(sim)
+        bt, it, ratio = rules.block_tokens, sim.iteration, sim.new_token_ratio
         run_ratio = self.running_ratio(sim)
         exact = ratio == 1.0 and self._short_outputs(sim)
         exact_running = exact and run_ratio == 1.0
         young = sim.now - self._quantum(sim)
         views: list[ReqView] = []
         add = views.append
+        running_view = rules.running
         # A policy that reads a running request's gap budget, which moves with every step.
         fresh = self.policy_class.reads_running_progress
         for r in sim.running:
@@ -142,29 +145,25 @@ class RotaSched(Policy):
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
             if fresh:
-                add(_make_view(r, _RUNNING, 0, -(-(r.ctx + _reserve(r, run_ratio)) // bt), rotatable))
+                add(running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable))
                 continue
             if v is None or v.rotatable is not rotatable or not exact_running:
-                held = -(-(r.ctx + _reserve(r, run_ratio)) // bt)
+                held = blocks(r.ctx + _reserve(r, run_ratio), bt)
                 if v is None or v.rotatable is not rotatable or v.blocks_held != held:
-                    v = r.view = _make_view(r, _RUNNING, 0, held, rotatable)
+                    v = r.view = running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable)
             add(v)
         if exact:
             for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
                 v = r.view
-                if v is None:
-                    v = _pending_view(r, _WAITING, _waiting_need(r, ratio), bt)
-                add(v)
+                add(v if v is not None else _waiting_view(rules, r, ratio))
             for r in sim.rotary.values():
                 v = r.view
-                if v is None:
-                    v = _pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt)
-                add(v)
+                add(v if v is not None else _rotary_view(rules, r, ratio))
         else:
             for r in sim.waiting:
-                add(_pending_view(r, _WAITING, _waiting_need(r, ratio), bt))
+                add(_waiting_view(rules, r, ratio))
             for r in sim.rotary.values():
-                add(_pending_view(r, _ROTARY, r.host + 1 + _reserve(r, ratio), bt))
+                add(_rotary_view(rules, r, ratio))
         return views
 
     def _short_outputs(self, sim: SimState) -> bool:
@@ -173,37 +172,27 @@ class RotaSched(Policy):
         return self._short
 
 
-def _pending_view(r: SimReq, state: ReqState, tokens: float, bt: int) -> ReqView:
-    need = math.ceil(tokens / bt)
-    v = r.view
-    if v is None or v.blocks_needed != need:
-        v = r.view = _make_view(r, state, need, 0, True)
-    return v
-
-
 _RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY
 
 
 def _reserve(r: SimReq, ratio: float) -> float:
-    """integration.views.reserve: remaining outputs (clipped) times SGLang's new-token ratio."""
+    """The request's decode reserve (rotasched.views.reserve_tokens)."""
     return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
 
 
-def _waiting_need(r: SimReq, ratio: float) -> float:
-    """integration.views.waiting_need: what is not resident (`kv`, a restored prefix) plus the reserve."""
-    return waiting_need(r.spec.prompt_tokens, r.outputs, r.kv, r.spec.output_tokens - r.outputs, ratio)
+def _waiting_view(rules: ViewRules, r: SimReq, ratio: float) -> ReqView:
+    """A waiting request's view, `kv` its resident tokens (a restored prefix or a shared one);
+    the cached one while its need is unchanged."""
+    spec, v = r.spec, r.view
+    if v is None or v.blocks_needed != blocks(waiting_need(spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio),
+                                              rules.block_tokens):
+        v = r.view = rules.waiting(r.clock, spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio)
+    return v
 
 
-def _make_view(r: SimReq, state: ReqState, need: int, held: int, rotatable: bool) -> ReqView:
-    """runtime._view. A cached RUNNING view (paper policy) keeps the last_token and outputs_left
-    it was built with: LVF reads them only for non-running requests."""
-    c = r.clock
-    # Positional, in ReqView's field order (rid, state, arrival, last_token, run_start, ttft_slo,
-    # tbt_slo, blocks_needed, blocks_held, rotatable, prefill_tokens, misses_left, ttft_met,
-    # weight, outputs_left): keywords cost ~0.4 us per view.
-    left = r.remaining
-    return ReqView(r.spec.rid, state, c.arrival, c.last_token,
-                   c.run_start if state is _RUNNING else None,
-                   r.slo_s[0], r.slo_s[1], need, held, rotatable,
-                   max(0, r.extend) if state is _WAITING else 0, c.misses_left(left), c.ttft_met,
-                   r.spec.weight, min(max(0, left), CLIP_MAX_NEW_TOKENS))
+def _rotary_view(rules: ViewRules, r: SimReq, ratio: float) -> ReqView:
+    """A rotary request's view, `host` its tokens on host; the cached one while its need is unchanged."""
+    v = r.view
+    if v is None or v.blocks_needed != blocks(rotary_need(r.host, r.remaining, ratio), rules.block_tokens):
+        v = r.view = rules.rotary(r.clock, r.host, r.remaining, ratio)
+    return v
