@@ -88,7 +88,7 @@ def _running_offset(original: Callable[..., Any], adder: Any, req: Any) -> Any:
         return original(adder, req)  # SGLang's own estimate
     from .views import running_reserve
 
-    return running_reserve(rt.sched, req, rt.running_share)
+    return running_reserve(rt.sched, req, rt.running_share, rt.rules.clip)
 
 
 def _streamer_class() -> type:

@@ -374,20 +374,21 @@ def queue_views(rt: Any, now: float) -> list[Any]:
     them). Requests without a clock yet (arrived after this step's observation) are skipped."""
     from . import views as req_views
 
+    clip = rt.rules.clip  # SGLang's reserve clip, as the runtime read it at start
     out = []
     running = getattr(getattr(rt.sched, "running_batch", None), "reqs", None) or []
     for req in running:
         clk = rt.clocks.get(req.rid)
         if clk is not None and clk.run_start is not None and not req.finished():
-            out.append(req_views.view(clk, req, ReqState.RUNNING, 0, 0, False))
+            out.append(req_views.view(clk, req, ReqState.RUNNING, 0, 0, False, clip=clip))
     for req in rt.sched.waiting_queue:
         clk = rt.clocks.get(req.rid)
         if clk is None:
             continue
         compute = req_views.extend_tokens(req, req.rid in rt.resume_locks)  # the one rule (views.py)
-        out.append(req_views.view(clk, req, ReqState.WAITING, 0, 0, True, compute))
+        out.append(req_views.view(clk, req, ReqState.WAITING, 0, 0, True, compute, clip))
     for rid, entry in rt.rotary.items():
         clk = rt.clocks.get(rid)
         if clk is not None and clk.last_token is not None:
-            out.append(req_views.view(clk, entry.req, ReqState.ROTARY, 0, 0, True))
+            out.append(req_views.view(clk, entry.req, ReqState.ROTARY, 0, 0, True, clip=clip))
     return out

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from superinfer_sgl.integration.metrics import RotaSchedMetrics
 from superinfer_sgl.integration.runtime import RotationStats
+from superinfer_sgl.rotasched.views import ViewRules
 from superinfer_sgl.rotasched import ReqState, Slo, VltParams
 from superinfer_sgl.rotasched.clock import ReqClock
 from superinfer_sgl.rotasched.goodput import StepCosts
@@ -32,7 +33,7 @@ def _rt(now: float) -> SimpleNamespace:
     return SimpleNamespace(
         stats=RotationStats(), engine=None, budget=8, link_bytes_per_s=None, rotary={"parked": SimpleNamespace(req=parked)},
         pool_usage=lambda: {"host_blocks_used": 0, "host_blocks_total": 0},
-        clocks=clocks, resume_locks={}, params=VltParams(3.0, 0.5, 0.0),
+        clocks=clocks, resume_locks={}, params=VltParams(3.0, 0.5, 0.0), rules=ViewRules(16),
         meter=SimpleNamespace(costs=StepCosts(1e-3, 0.0, 0.02, 0.0)),
         cfg=SimpleNamespace(max_best_effort_wait_ms=60000.0),
         sched=SimpleNamespace(waiting_queue=[fresh, stale], running_batch=SimpleNamespace(reqs=[run])),

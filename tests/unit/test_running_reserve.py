@@ -11,6 +11,7 @@ from superinfer_sgl.config import ConfigError, SuperInferConfig
 from superinfer_sgl.integration import hooks, views
 from superinfer_sgl.integration.runtime import RotaSchedRuntime
 from superinfer_sgl.rotasched.planner import POLICIES, running_reserve_ratio
+from superinfer_sgl.rotasched.views import ViewRules
 from superinfer_sgl.sim.runner import Job, run_job
 
 
@@ -47,7 +48,7 @@ def test_views_match_sglangs_adder_at_share_1(ignore_eos: bool) -> None:
 
 def test_hook_gives_sglangs_adder_the_views_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
     sched = SimpleNamespace(new_token_ratio_tracker=SimpleNamespace(current=0.25))
-    rt = SimpleNamespace(sched=sched, running_share=0.4)
+    rt = SimpleNamespace(sched=sched, running_share=0.4, rules=ViewRules(16, running_share=0.4))
     monkeypatch.setattr(hooks, "_RUNTIME", rt)
     adder = SimpleNamespace(new_token_ratio=0.25)
 
@@ -58,6 +59,9 @@ def test_hook_gives_sglangs_adder_the_views_reserve(monkeypatch: pytest.MonkeyPa
     assert hooks._running_offset(original, adder, fixed) == pytest.approx(200 * 0.4)
     assert hooks._running_offset(original, adder, fixed) == views.running_reserve(sched, fixed, 0.4)
     assert hooks._running_offset(original, adder, eos) == original(adder, eos)  # SGLang's estimate
+    # SGLang's reserve clip (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION), as the runtime read it at start
+    monkeypatch.setattr(rt, "rules", ViewRules(16, clip=150, running_share=0.4))
+    assert hooks._running_offset(original, adder, fixed) == pytest.approx(150 * 0.4)
     rt.running_share = 1.0
     assert hooks._running_offset(original, adder, fixed) == original(adder, fixed) == 200.0
     monkeypatch.setattr(hooks, "_RUNTIME", None)  # stock scheduling through our launcher
