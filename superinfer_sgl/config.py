@@ -306,6 +306,18 @@ def check_rotary_kv_dtype(cfg: SuperInferConfig, kv_cache_dtype: str | None) -> 
                           f"--kv-cache-dtype {kv_cache_dtype} the device KV is fp8 already (use auto)")
 
 
+def check_prefix_cache(cfg: SuperInferConfig, eviction_policy: str | None, radix_disabled: bool) -> None:
+    """Launch-time check against SGLang's radix-cache flags: the predictive cache is an eviction
+    policy on SGLang's radix tree, so it replaces --radix-eviction-policy and needs the tree."""
+    if cfg.prefix_cache != "predictive":
+        return
+    if eviction_policy is not None:
+        raise ConfigError(f"--prefix-cache predictive evicts by predicted reuse in place of SGLang's "
+                          f"--radix-eviction-policy {eviction_policy}: drop one of the two")
+    if radix_disabled:
+        raise ConfigError("--prefix-cache predictive needs SGLang's radix cache: drop --disable-radix-cache")
+
+
 def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SuperInferConfig:
     """Our options from the parsed command line, plus the test knobs from the environment."""
     names = {f.name for f in fields(SuperInferConfig)} - {"handshake_dir"} - set(TEST_KNOB_ENV)

@@ -255,3 +255,15 @@ def test_every_engine_transfer_path_is_a_flag_choice() -> None:
     from superinfer_sgl.duplexkv.transfer import TRANSFERS
 
     assert set(KV_TRANSFERS) == set(TRANSFERS)
+
+
+def test_predictive_prefix_cache_refuses_sglangs_eviction_flags() -> None:
+    from superinfer_sgl.config import check_prefix_cache
+
+    predictive = SuperInferConfig(prefix_cache="predictive")
+    check_prefix_cache(predictive, None, False)
+    check_prefix_cache(SuperInferConfig(), "lfu", True)  # the default cache leaves SGLang's flags alone
+    with pytest.raises(ConfigError, match="--radix-eviction-policy lfu"):
+        check_prefix_cache(predictive, "lfu", False)
+    with pytest.raises(ConfigError, match="--disable-radix-cache"):
+        check_prefix_cache(predictive, None, True)
