@@ -67,6 +67,7 @@ from soak_requests import (  # noqa: E402,F401 (names used here and by tests: so
     BURST_SIZE, Outcome, Shared, _prompt, Sizes, build_request, _token_count, _finish, run_request,
     _abort, _read_stream, _check_answer, near_tie, _check_one, _check_constrained,
 )
+import soak_leak  # noqa: E402
 
 
 def server_args(args: argparse.Namespace) -> tuple[list[str], dict[str, str], bool]:
@@ -250,15 +251,17 @@ def soak(args: argparse.Namespace) -> dict:
         report.update(capacity_req_per_s=round(capacity, 3), arrival_rate_req_per_s=round(rate, 3))
         print(f"capacity {capacity:.2f} req/s -> arrivals at {rate:.2f} req/s ({args.load}x)", flush=True)
         sampler.start()
+        leak_sampler = soak_leak.start(args, server_ref, shared)  # per-minute RSS (--leak-out)
         rng = random.Random(args.seed)
         inflight = threading.BoundedSemaphore(args.max_inflight)
         sigterm_at = int(args.sigterm_at * args.requests) if args.sigterm_at else None
-        every = max(1, args.requests // max(1, args.exact_samples))
+        expected = min(args.requests, int(rate * args.duration_s) or args.requests)  # --duration-s: spread by time
+        every = max(1, expected // max(1, args.exact_samples))
         exact_at = {every // 2 + k * every for k in range(args.exact_samples)}
         i = 0
         started = time.time()
         with tqdm(total=args.requests, desc=f"soak {args.system}", mininterval=5) as bar:
-            while i < args.requests:
+            while i < args.requests and not (args.duration_s and time.time() - started > args.duration_s):
                 if sigterm_at is not None and i == sigterm_at:
                     counters_before_restart.append(dict(sampler.last_metrics))
                     left_after.append(_sigterm_and_restart(shared, server_ref, start, args.sigterm_drain_s, report))
@@ -289,6 +292,7 @@ def soak(args: argparse.Namespace) -> dict:
         report["clients_still_waiting"] = hung
         final = wait_idle(shared.url, args.idle_timeout_s, not stock)
         report["health_after"] = requests.get(shared.url + "/health", timeout=30).status_code
+        report["leak"] = soak_leak.finish(leak_sampler, args)
     finally:
         sampler.stop_event.set()
         left_after.append(server_ref[0].stop())
@@ -418,6 +422,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", default="/tmp/soak_logs")
     ap.add_argument("--out", default="results/soak_faults/soak.json")
+    soak_leak.add_args(ap)
     return ap.parse_args(argv)
 
 
@@ -425,6 +430,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     report = soak(args)
     report["invariants"]["no client still waiting after the drain"] = report["clients_still_waiting_after_drain"] == 0
+    if report.get("leak"):
+        report["invariants"]["no process's RSS slope over the bound after the warm-up"] = not report["leak"]["over_bound"]
     report["invariants_failed"] = [k for k, ok in report["invariants"].items() if not ok]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

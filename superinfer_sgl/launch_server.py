@@ -15,8 +15,9 @@ from importlib import metadata
 from pathlib import Path
 
 from . import SUPPORTED_SGLANG_VERSION
-from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_rotary_kv_dtype,
-                     from_namespace)
+from .child_watch import ChildWatch
+from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_prefix_cache,
+                     check_rotary_kv_dtype, from_namespace)
 from .device_defaults import THREADS_BIND_ENV, DeviceDefaults, default_threads_bind, device_defaults
 from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
 from .plugin import CPU_COMPAT_ENV
@@ -122,6 +123,7 @@ def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     ns, rest = our_parser().parse_known_args(argv)
     cfg = from_namespace(ns)
     check_rotary_kv_dtype(cfg, flag_value(rest, "--kv-cache-dtype"))
+    check_prefix_cache(cfg, flag_value(rest, "--radix-eviction-policy"), flag_given(rest, "--disable-radix-cache"))
     check_sglang_version()
     rest = resolve_model(rest)
     defaults = device_defaults(rest)
@@ -160,10 +162,14 @@ def serve(rest: list[str]) -> None:
     from sglang.srt.utils import kill_process_tree
 
     server_args = prepare_server_args(rest)
+    watch = ChildWatch()  # a dead scheduler / detokenizer ends the server in seconds (child_watch.py)
+    watch.start()
     try:
         run_server(server_args)
     finally:
+        watch.stopping.set()
         kill_process_tree(os.getpid(), include_parent=False)
+        watch.cleanup()  # SGLang leaves its shared memory and ipc socket files behind
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,3 +197,43 @@ def test_replica_killed_mid_load(cluster: Cluster) -> None:
     assert codes == [200] * 6, codes
     assert _served(survivor_url) - before == 6
     assert cluster.proc.poll() is None, "the launcher must keep running with one replica"
+
+
+def test_restarted_replica_rejoins(cluster: Cluster, model_dir: Path, tmp_path: Path) -> None:
+    """A replica started again on a dead one's port is taken back into rotation: without service
+    discovery smg keeps an unhealthy worker listed and re-admits it after two successful health
+    probes (--health-success-threshold). Restarting is the operator's (or a supervisor's) job:
+    launch_cluster reports a dead replica and does not restart it."""
+    from superinfer_sgl.launch_cluster import _ready_workers
+
+    url, pid = cluster.replicas[0]
+    if _alive(pid):  # run alone (-k): kill it here
+        os.killpg(pid, signal.SIGKILL)
+    port = int(url.rsplit(":", 1)[1])
+    deadline = time.time() + 60
+    while any(c.laddr.port == port for c in psutil.net_connections("tcp") if c.status == "LISTEN"):
+        assert time.time() < deadline, f"port {port} still held after the replica died"
+        time.sleep(0.5)
+    assert url not in _ready_workers(cluster.url)
+    log = tmp_path / "replica0_restarted.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "superinfer_sgl.launch_server", "--host", "127.0.0.1",
+                                 "--port", str(port), "--model-path", str(model_dir), *REPLICA_ARGS],
+                                stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while url not in _ready_workers(cluster.url):  # started, then two health probes passed
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        before = _served(url)
+        codes = [_generate(cluster.url, f"Rejoined {i}:", 4).status_code for i in range(6)]
+        assert codes == [200] * 6, codes
+        assert _served(url) - before >= 2, "the restarted replica got no share of the round robin"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = None
+    assert rc == 0, log.read_text()[-3000:]

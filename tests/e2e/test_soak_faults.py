@@ -39,6 +39,9 @@ def test_fault_soak_accounts_for_every_request(model_dir: Path, tmp_path: Path) 
                         "--rotary-pool-gb", "0.005", "--exact-samples", "6",
                         "--shares", json.dumps({"burst": 0.03, "abort": 0.1, "disconnect": 0.12}),
                         "--drain-timeout-s", "300", "--idle-timeout-s", "60",
+                        # The leak sampler's plumbing only: minutes are all warm-up, so no slope is
+                        # fitted here (the hour-long run: docs/reliability.md#leak-soak).
+                        "--leak-out", str(tmp_path / "leak"), "--leak-every-s", "10", "--leak-warmup-s", "1e9",
                         "--log-dir", str(tmp_path), "--out", str(out)])
     assert json.loads(out.read_text())["sent"] == 200
     assert report["invariants_failed"] == [], json.dumps(
@@ -52,3 +55,9 @@ def test_fault_soak_accounts_for_every_request(model_dir: Path, tmp_path: Path) 
     assert report["sigterm_restarts"] == 1
     assert report["rotations_out"] and report["rotations_out"] > 0, "no rotation happened"
     assert report["exactness"]["samples"] > 0
+    leak = report["leak"]
+    roles = {k for line in (tmp_path / "leak" / "samples.jsonl").read_text().splitlines()
+             for k in json.loads(line)["procs"]}
+    assert {"launcher", "scheduler", "detokenizer"} <= roles, roles
+    assert leak["samples"] >= 3 and leak["host_pool_blocks_total"], leak
+    assert (tmp_path / "leak" / "rss.png").stat().st_size > 0
