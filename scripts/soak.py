@@ -343,6 +343,9 @@ def _summary(outcomes: list[Outcome], shared: Shared, sampler: Sampler, final: d
         vals = [v for v in vals if v is not None]
         return sum(vals) if vals else None
 
+    def kv_checks(outcome: str) -> float:  # over every server of the run (a restart starts them again)
+        return sum(v for m in [*before_restart, final] for k, v in m.items() if "kv_verify" in k and f'outcome="{outcome}"' in k)
+
     exact = shared.exact_results
     idle = {name: gauge(final, name) for name in (
         "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
@@ -355,8 +358,7 @@ def _summary(outcomes: list[Outcome], shared: Shared, sampler: Sampler, final: d
         "idle: running, queued, token usage, rotary, host pool all zero":
             all(v == 0 for v in idle.values() if v is not None),
         "rotated KV bytes unchanged on resume (verify)":
-            stock or (gauge(final, "superinfer_kv_verify_total") is None
-                      or not any(v for k, v in final.items() if 'outcome="changed"' in k and "kv_verify" in k)),
+            stock or kv_checks("changed") == 0,
         "greedy exactness sample equal to served alone (or a near-tie flip)":
             bool(exact) and all(e["equal"] or e.get("near_tie") for e in exact),
         "no process left after each shutdown": all(not left for left in left_after),
@@ -373,7 +375,9 @@ def _summary(outcomes: list[Outcome], shared: Shared, sampler: Sampler, final: d
         "recompute_fallbacks": total("superinfer_recompute_fallbacks_total"),
         "sglang_retractions": total("superinfer_sglang_retractions_total"),
         "aborted_while_rotary": total("superinfer_aborted_rotary_total"),
-        "kv_verified_identical": sum(v for k, v in final.items() if "kv_verify" in k and 'outcome="identical"' in k),
+        "kv_verified_identical": kv_checks("identical"),
+        "kv_verified_changed": kv_checks("changed"),
+        "kv_unverified": kv_checks("unverified"),
         "idle_gauges": idle,
         "host_pool_blocks_peak": sampler.pool_peak, "host_pool_blocks_configured": sampler.pool_total,
         "rotary_requests_peak": sampler.rotary_peak,

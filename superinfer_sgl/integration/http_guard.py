@@ -113,13 +113,17 @@ def around_normalize(original: Callable[..., Any], obj: Any, *args: Any, **kwarg
 def check_rids(obj: Any) -> None:
     """ValueError unless a normalized request's rid is a string (one prompt) or a list of strings
     (a batch): SGLang keeps a list given for one prompt (`rid: ["a"]` with a string prompt) and
-    then hashes it (TypeError, HTTP 500; found by schemathesis on /v1/completions)."""
+    then hashes it (TypeError, HTTP 500; found by schemathesis on /v1/completions).
+    An empty id is refused too: the scheduler keys every request by it (found by schemathesis on
+    /v1/chat/completions: `rid: ""` stopped the scheduler)."""
     rid = getattr(obj, "rid", None)
     if getattr(obj, "is_single", True):
         if not isinstance(rid, str):
             raise ValueError(f"rid: one prompt takes one request id (a string), got {type(rid).__name__}")
-    elif not isinstance(rid, list) or not all(isinstance(r, str) for r in rid):
-        raise ValueError("rid: a batch takes a list of request ids (strings)")
+        if not rid:
+            raise ValueError("rid: a request id must be a non-empty string")
+    elif not isinstance(rid, list) or not all(isinstance(r, str) and r for r in rid):
+        raise ValueError("rid: a batch takes a list of request ids (non-empty strings)")
 
 
 def _after(*checks: Callable[[Any], str | None]) -> Callable[..., str | None]:

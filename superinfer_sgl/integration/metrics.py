@@ -289,6 +289,7 @@ class RotaSchedMetrics:
         self._advance(self.prefetches.labels("cancelled"), "prefetch_cancelled", s.prefetch_cancelled)
         self._advance(self.kv_checks.labels("identical"), "kv_ok", s.kv_verified)
         self._advance(self.kv_checks.labels("changed"), "kv_bad", s.kv_mismatches)
+        self._advance(self.kv_checks.labels("unverified"), "kv_skip", s.kv_unverified)
         if rt.engine is not None:
             self._advance(self.bytes_moved.labels("out"), "bytes_out", rt.engine.bytes_out)
             self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", rt.engine.bytes_eager_out)

@@ -37,6 +37,7 @@ class RotationStats:
     aborted_rotary: int = 0
     kv_verified: int = 0
     kv_mismatches: int = 0
+    kv_unverified: int = 0  # admission matched less than the digest covers: the rest is recomputed
     duplex_steps: int = 0  # steps whose one rotate call carried both outs and ins
     prefetches: int = 0
     prefetch_hits: int = 0  # resumes that found their KV already prefetched
@@ -90,6 +91,17 @@ class StepResult:
 def restorable_tokens(req: Any) -> int:
     """Tokens whose KV is final: all but the last output token (the next decode input)."""
     return len(req.origin_input_ids) + len(req.output_ids) - 1
+
+
+def adoptable_tokens(req: Any, n: int) -> int:
+    """How many of a resumed request's first n restored tokens SGLang's admission takes from the tree.
+    A request returning logprobs is matched only up to its logprob_start_len (SGLang sets it to the
+    prompt's length when a client asks for output logprobs: Req._compute_max_prefix_len) and extends
+    the rest again, so its restored decode tokens are recomputed, not read."""
+    start = getattr(req, "logprob_start_len", -1)
+    if getattr(req, "return_logprob", False) and start is not None and start >= 0:
+        return min(n, start)
+    return n
 
 
 def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_blocks: int | None) -> None:

@@ -250,6 +250,13 @@ CASES: list[tuple[str, str, dict[str, str], bytes, str]] = [
     ("comp-rid-list-one-prompt", COMP, {}, _comp(rid=["a"]), "rid: one prompt takes one request id"),
     ("gen-rid-list-one-prompt", G, {}, _raw({"text": "hi", "rid": ["a"], "sampling_params": {"max_new_tokens": 2}}),
      "rid"),
+    # found by schemathesis: an empty request id stopped the scheduler (it keys requests by rid)
+    ("gen-rid-empty", G, {}, _raw({"text": "hi", "rid": "", "sampling_params": {"max_new_tokens": 2}}),
+     "rid: a request id must be a non-empty string"),
+    ("comp-rid-empty", COMP, {}, _comp(rid=""), "rid: a request id must be a non-empty string"),
+    ("chat-rid-empty", CHAT, {}, _chat(rid=""), "rid: a request id must be a non-empty string"),
+    ("gen-rid-batch-empty", G, {}, _raw({"text": ["hi", "ho"], "rid": ["a", ""], "sampling_params": {"max_new_tokens": 2}}),
+     "non-empty strings"),
     # found by schemathesis: a top_k past int32 ended the scheduler (and the server) while batching
     ("gen-top-k-past-int32", G, {}, _raw({"text": "hi", "sampling_params": {"max_new_tokens": 2, "top_k": 2**31}}),
      "top_k must be -1 (the whole vocabulary) or 1..1073741824"),

@@ -302,6 +302,38 @@ def test_verify_hashes_across_a_duplex_step(monkeypatch: pytest.MonkeyPatch) -> 
     assert h.rt.stats.kv_verified == 1 and h.rt.stats.kv_mismatches == 0
 
 
+def test_verify_checks_only_the_prefix_a_logprob_request_reads_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SGLang matches a return_logprob request only up to logprob_start_len (its prompt's length) and
+    # extends the rest into fresh, not yet written slots: those are not restored KV to compare.
+    h = Harness(monkeypatch, prefetch=False)
+    h.rt.verify = True
+    b = h.run("b", 13, 7, pool_idx=2)
+    b.return_logprob, b.logprob_start_len = True, 13  # type: ignore[attr-defined]
+    h.step(rotate_out=("b",))
+    assert h.rt.digests["b"][0] == 13
+    h.step(resume=("b",))
+    b.kv.req_pool_idx, b.kv.holds_kv, b.prefix_len = 3, True, 13  # type: ignore[attr-defined]
+    row = h.sched.req_to_token_pool.req_to_token
+    row[3, :13] = h.restored_slots(b)[:13].to(torch.int32)
+    row[3, 13:20] = h.alloc.alloc(7).to(torch.int32)  # the extend's slots, garbage until the forward
+    h.rt._unlock_admitted([b])
+    assert h.rt.stats.kv_verified == 1 and h.rt.stats.kv_mismatches == 0
+
+
+def test_verify_skips_a_shorter_match_than_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness(monkeypatch, prefetch=False)
+    h.rt.verify = True
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    h.step(resume=("b",))
+    b.kv.req_pool_idx, b.kv.holds_kv, b.prefix_len = 3, True, 10  # type: ignore[attr-defined]
+    row = h.sched.req_to_token_pool.req_to_token
+    row[3, :10] = h.restored_slots(b)[:10].to(torch.int32)
+    row[3, 10:20] = h.alloc.alloc(10).to(torch.int32)
+    h.rt._unlock_admitted([b])
+    assert h.rt.stats.kv_unverified == 1 and h.rt.stats.kv_mismatches == 0 and "b" not in h.rt.digests
+
+
 def test_a_held_rotary_request_is_prefetched_the_iteration_before_it_may_resume(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
