@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..registry import Registry
 from ..rotasched.slo import DEFAULT_CLASSES, Slo
 from .calibrate import CalibrationKnobs
 from .workloads import SHAREGPT_INPUT, SHAREGPT_OUTPUT, LengthDist
@@ -64,7 +65,8 @@ CPU_OUTPUT = LengthDist(median=32, sigma=0.5, lo=12, hi=96)
 # SmolLM2 tokens (23 KB each) needs a few tens of MB.
 CPU_OUR_FLAGS = ("--rotary-pool-gb", "0.25")
 
-PROFILES: dict[str, Profile] = {
+# ab_bench's --profile choices (an unknown name is an error listing these).
+PROFILES: Registry[Profile] = Registry("bench profile", {
     "smoke": Profile(
         name="smoke", device="cpu", kv_tokens=1024, chunked_prefill=256, rates=(0.5, 2.0), num_requests=6,
         inputs=LengthDist(median=96, sigma=0.3, lo=48, hi=160), outputs=LengthDist(median=12, sigma=0.2, lo=8, hi=16),
@@ -87,7 +89,7 @@ PROFILES: dict[str, Profile] = {
         systems=("sglang", "superinfer"), server_flags=("--load-format", "dummy"),
         dummy_model="llama3-8b", ready_timeout_s=900.0, run_timeout_s=1200.0,
     ),
-}
+})
 
 # Model shapes for random-weight GPU runs (config.json fields of the public models).
 DUMMY_SHAPES: dict[str, dict[str, object]] = {

@@ -95,18 +95,18 @@ def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0)
     now = time.monotonic()
     for req in reqs:
         cls = req.sampling_params.custom_params["slo_class"]
-        clk = ReqClock(req.rid, now - rng.uniform(0.0, 30.0), resolve_slo({"slo_class": cls}, rt.default_slo,
-                                                                             rt.classes), cls)
+        clk = ReqClock(req.rid, now - rng.uniform(0.0, 30.0), resolve_slo({"slo_class": cls}, rt.clocks.default_slo,
+                                                                             rt.clocks.classes), cls)
         if req.output_ids:
             clk.observe_outputs(len(req.output_ids), rng.uniform(clk.arrival, now))
-        rt.clocks[req.rid] = clk
+        rt.clocks.by_rid[req.rid] = clk
     for req in running:
-        rt.clocks[req.rid].set_state(ReqState.RUNNING, now - 1.0)
+        rt.clocks.by_rid[req.rid].set_state(ReqState.RUNNING, now - 1.0)
     for req in rotary:
-        rt.clocks[req.rid].set_state(ReqState.ROTARY, now)
+        rt.clocks.by_rid[req.rid].set_state(ReqState.ROTARY, now)
         tokens = rotation.restorable_tokens(req)
         host = HostKV(tuple(range(-(-tokens // BLOCK_TOKENS))), tokens, BLOCK_TOKENS)
-        rt.rotary[req.rid] = rotation.RotaryEntry(req, host, now)
+        rt.store.entries[req.rid] = rotation.RotaryEntry(req, host, now)
     return Rig(sched, batch, rt, {"running": n_run, "rotary": n_rot, "waiting": n_wait}, stack)
 
 

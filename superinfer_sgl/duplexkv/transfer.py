@@ -29,12 +29,11 @@ from typing import Protocol
 
 import torch
 
-# The --kv-transfer choices are defined once, with the option (config is pure Python).
-from superinfer_sgl.config import KV_TRANSFERS
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv import quant
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 from superinfer_sgl.duplexkv.staging_ring import DEFAULT_RING_SLOTS, DEFAULT_SLOT_BYTES, StagingRing, runs
+from superinfer_sgl.registry import Registry
 
 _SUPERCHIPS = ("GH200", "GB200", "GB300")
 
@@ -256,17 +255,21 @@ def _import_kernels():
     return superinfer_kernels
 
 
-PATHS: dict[str, type] = {
-    "torch": _TorchPath,
-    "naive": _NaivePath,
-    "triton-direct": _TritonDirectPath,
+# Every path by name (in --kv-transfer's order); "auto" is not a path but a choice among them
+# (pick_transfer, then on CUDA the engine's startup probe).
+PATHS: Registry[type] = Registry("transfer path", {
     "triton-dma": _TritonRingPath,
     "triton-dma-serial": _TritonDmaSerialPath,
+    "triton-direct": _TritonDirectPath,
     "triton-hybrid": _TritonHybridPath,
-}
+    "naive": _NaivePath,
+    "torch": _TorchPath,
+})
+AUTO = "auto"
 RING_PATHS = ("triton-dma", "triton-hybrid")  # the paths that take ring options (ring_slots, ring_slot_bytes)
-# What RotationEngine accepts: --kv-transfer's choices (config.KV_TRANSFERS) and every path here.
-TRANSFERS = tuple(dict.fromkeys([*KV_TRANSFERS, *PATHS]))
+# What RotationEngine accepts; config.KV_TRANSFERS (--kv-transfer's choices, kept free of torch) is
+# held equal to it by tests/unit/test_config.py.
+TRANSFERS = (AUTO, *PATHS.names())
 
 
 def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs: int | None,

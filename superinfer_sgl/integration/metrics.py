@@ -27,11 +27,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from ..rotasched import ReqState
-from ..rotasched.goodput import GoodputParams
 from ..rotasched.headroom import AttainmentWindow, headroom
+
+if TYPE_CHECKING:  # (its views import torch; the HTTP process reads _dp_rank from here)
+    from .step_figures import StepFigures
 
 # The headroom gauges rebuild a view of every queued request: per step that is a measurable share of
 # a CPU server's scheduler time under a backlog (docs/perf.md), for gauges scraped seconds apart. So while more than HEADROOM_EVERY_STEP requests queue they are refreshed at most every
@@ -278,9 +279,9 @@ class RotaSchedMetrics:
             self.released_tokens.labels(cause)
         self.recompute_ratio.labels(self.rank).set(0)
 
-    def update(self, rt: Any) -> None:
+    def update(self, fig: StepFigures) -> None:
         """Advance counters by what changed since the last call (stats are plain ints)."""
-        s = rt.stats
+        s = fig.stats
         for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
                      "duplex_steps"):
             self._advance(getattr(self, name), name, getattr(s, name))
@@ -290,34 +291,33 @@ class RotaSchedMetrics:
         self._advance(self.kv_checks.labels("identical"), "kv_ok", s.kv_verified)
         self._advance(self.kv_checks.labels("changed"), "kv_bad", s.kv_mismatches)
         self._advance(self.kv_checks.labels("unverified"), "kv_skip", s.kv_unverified)
-        if rt.engine is not None:
-            self._advance(self.bytes_moved.labels("out"), "bytes_out", rt.engine.bytes_out)
-            self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", rt.engine.bytes_eager_out)
-            self._advance(self.bytes_moved.labels("in"), "bytes_in", rt.engine.bytes_in)
-            self._advance(self.prefetch_bytes, "bytes_prefetched", rt.engine.bytes_prefetched)
-        self.budget.set(rt.budget)
-        self.link.set(rt.link_bytes_per_s or 0.0)
-        usage = rt.pool_usage()
-        self.rotary_requests.set(len(rt.rotary))
-        self.host_blocks_used.set(usage["host_blocks_used"])
-        self.host_blocks_total.set(usage["host_blocks_total"])
+        kv = fig.kv_bytes
+        if kv is not None:
+            self._advance(self.bytes_moved.labels("out"), "bytes_out", kv.out)
+            self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", kv.eager_out)
+            self._advance(self.bytes_moved.labels("in"), "bytes_in", kv.into)
+            self._advance(self.prefetch_bytes, "bytes_prefetched", kv.prefetched)
+        self.budget.set(fig.budget)
+        self.link.set(fig.link_bytes_per_s or 0.0)
+        self.rotary_requests.set(fig.rotary)
+        self.host_blocks_used.set(fig.host_blocks_used)
+        self.host_blocks_total.set(fig.host_blocks_total)
         try:
-            self._update_headroom(rt)
+            self._update_headroom(fig)
         except Exception:  # observability must never take the scheduler down; say so once
             if not self._headroom_failed:
                 logger.exception("superinfer: headroom gauges not updated")
             self._headroom_failed = True
 
-    def _update_headroom(self, rt: Any) -> None:
+    def _update_headroom(self, fig: StepFigures) -> None:
         now = time.monotonic()
-        if len(rt.sched.waiting_queue) + len(rt.rotary) > HEADROOM_EVERY_STEP:
+        if fig.queued > HEADROOM_EVERY_STEP:
             if now - self._backlog_at < HEADROOM_INTERVAL_S:
                 return
             self._backlog_at = now
         else:
             self._backlog_at = float("-inf")  # a backlog that forms later shows at once
-        gp = GoodputParams(rt.meter.costs, rt.cfg.max_best_effort_wait_ms / 1000.0)
-        h = headroom(queue_views(rt, now), now, rt.params, gp)
+        h = headroom(fig.queue_views(), now, fig.vlt, fig.goodput)
         self.vlt_max.labels(self.rank).set(h.vlt_max_s)
         self.waiting.labels(self.rank).set(h.waiting)
         self.at_risk.labels(self.rank, "waiting").set(h.at_risk_waiting)
@@ -367,29 +367,3 @@ def _bind(metric_cls: Any, registry: Any) -> Any:
         return metric_cls(*args, registry=registry, **kw)
 
     return make
-
-
-def queue_views(rt: Any, now: float) -> list[Any]:
-    """Views of the runtime's waiting, rotary and running requests, read-only, built the way the
-    scheduler builds its own (integration/views.py; block counts left at 0: headroom does not read
-    them). Requests without a clock yet (arrived after this step's observation) are skipped."""
-    from . import views as req_views
-
-    clip = rt.rules.clip  # SGLang's reserve clip, as the runtime read it at start
-    out = []
-    running = getattr(getattr(rt.sched, "running_batch", None), "reqs", None) or []
-    for req in running:
-        clk = rt.clocks.get(req.rid)
-        if clk is not None and clk.run_start is not None and not req.finished():
-            out.append(req_views.view(clk, req, ReqState.RUNNING, 0, 0, False, clip=clip))
-    for req in rt.sched.waiting_queue:
-        clk = rt.clocks.get(req.rid)
-        if clk is None:
-            continue
-        compute = req_views.extend_tokens(req, req.rid in rt.resume_locks)  # the one rule (views.py)
-        out.append(req_views.view(clk, req, ReqState.WAITING, 0, 0, True, compute, clip))
-    for rid, entry in rt.rotary.items():
-        clk = rt.clocks.get(rid)
-        if clk is not None and clk.last_token is not None:
-            out.append(req_views.view(clk, entry.req, ReqState.ROTARY, 0, 0, True, clip=clip))
-    return out

@@ -15,6 +15,7 @@ from ..duplexkv.engine import RotationEngine
 from ..rotasched import ReqView
 from ..rotasched.views import ViewRules
 from . import rotation
+from .rotary_store import RotaryStore
 from .views import waiting_need
 
 # Rotary requests whose KV is prefetched at a time: each holds device slots until its resume.
@@ -22,27 +23,19 @@ PREFETCH_MAX_REQUESTS = 1
 
 
 class Prefetcher:
-    """The prefetches in flight (`prefetched`: rotary rid -> its slots and copy).
+    """Starts prefetches into the rotary store's `prefetched` and cancels the wrong guesses.
 
-    Its collaborators are the runtime's: SGLang's scheduler (allocator, tree), the rotation engine
-    (None: rotation is off, nothing is prefetched), the rotary requests (read only), the counters,
-    and the TP broadcast (rank 0's choice wins)."""
+    Its collaborators: SGLang's scheduler (allocator, tree), the rotation engine (None: rotation is
+    off, nothing is prefetched), the rotary store (its entries read, its prefetches written), the
+    counters, and the TP broadcast (rank 0's choice wins); `hold_rotary` and `rules` are the
+    runtime's (the test hold knob; the running share and the reserve clip)."""
 
-    def __init__(self, sched: Any, engine: RotationEngine | None, rotary: dict[str, rotation.RotaryEntry],
+    def __init__(self, sched: Any, engine: RotationEngine | None, store: RotaryStore,
                  stats: rotation.RotationStats, broadcast: Callable[[object], object],
                  hold_rotary: int = 0, rules: ViewRules | None = None) -> None:
-        self.sched, self.engine, self.rotary, self.stats = sched, engine, rotary, stats
+        self.sched, self.engine, self.store, self.stats = sched, engine, store, stats
         self.broadcast, self.hold_rotary = broadcast, hold_rotary
-        self.rules = rules or ViewRules(1)  # the runtime's: the running share and the reserve clip
-        self.prefetched: dict[str, rotation.Prefetched] = {}
-
-    def tokens(self) -> int:
-        """Device slots held for prefetches (free for admission: given back first)."""
-        return sum(p.host_kv.num_tokens for p in self.prefetched.values())
-
-    def take(self, rid: str) -> rotation.Prefetched | None:
-        """The prefetch of a request that resumes now (its slots become the resume's)."""
-        return self.prefetched.pop(rid, None)
+        self.rules = rules or ViewRules(1)
 
     def start(self, rank: Callable[[], Sequence[ReqView]], queue: list[Any], restored: Container[str],
               running_reserved: float, budget: int, iteration: int) -> None:
@@ -56,9 +49,10 @@ class Prefetcher:
         if room <= 0 and getattr(self.sched, "tp_size", 1) <= 1:
             return  # no candidate fits (with TP every rank still meets the others in the broadcast)
         ranked = rank()
+        prefetched = self.store.prefetched
         page = self.sched.token_to_kv_pool_allocator.page_size
         for entry in self._candidates(ranked, iteration):
-            if len(self.prefetched) >= PREFETCH_MAX_REQUESTS:
+            if len(prefetched) >= PREFETCH_MAX_REQUESTS:
                 return
             inc = rotation.incoming(entry, page)
             n, blocks = inc.host_kv.num_tokens, len(inc.host_kv.block_ids)
@@ -68,7 +62,7 @@ class Prefetcher:
             p = rotation.prefetch(self.sched, self.engine, inc)
             if p is None:
                 continue
-            self.prefetched[entry.req.rid] = p
+            prefetched[entry.req.rid] = p
             self.stats.prefetches += 1
             room -= n
             budget -= blocks
@@ -77,17 +71,18 @@ class Prefetcher:
         """Requests still rotary after this step (LVF did not resume them, or they found no memory,
         or the hold knob kept them), eligible to resume next iteration, not rotated out this very
         step and not prefetched before in this stint (a miss is not chased), in `ranked`'s order."""
+        entries, prefetched = self.store.entries, self.store.prefetched
 
         def eligible(rid: str) -> bool:
-            e = self.rotary.get(rid)
-            return (e is not None and rid not in self.prefetched
+            e = entries.get(rid)
+            return (e is not None and rid not in prefetched
                     and not e.prefetch_tried and e.paused_iter < iteration
                     and iteration + 1 - e.paused_iter >= self.hold_rotary)
 
         rids = [v.rid for v in ranked if eligible(v.rid)]
         if len(rids) > 1:  # the order reads each rank's clock: TP ranks adopt rank 0's (same set)
             rids = list(self.broadcast(rids))  # type: ignore[call-overload]
-        return [self.rotary[rid] for rid in rids]
+        return [entries[rid] for rid in rids]
 
     def _room(self, queue: list[Any], restored: Container[str], running_reserved: float) -> int:
         """Free device tokens left once this step's commitments are met: the decode reserve of the
@@ -101,10 +96,5 @@ class Prefetcher:
 
     def cancel_except(self, keep: set[str]) -> None:
         """Prefetches whose request does not resume now were a wrong guess: give their slots back."""
-        for rid in [r for r in self.prefetched if r not in keep]:
-            self.drop(rid)
-
-    def drop(self, rid: str) -> None:
-        assert self.engine is not None
-        rotation.cancel_prefetch(self.sched, self.engine, self.prefetched.pop(rid))
-        self.stats.prefetch_cancelled += 1
+        for rid in [r for r in self.store.prefetched if r not in keep]:
+            self.store.drop_prefetch(rid)

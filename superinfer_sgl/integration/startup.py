@@ -41,7 +41,7 @@ def create_runtime(sched: Any, cfg: SuperInferConfig) -> RotaSchedRuntime:
         logger.info("superinfer: host rotary pool %d blocks x %d tokens of %s (%.2f GiB), transfer=%s, "
                     "rotation budget %d blocks/iteration%s", host.num_blocks, cfg.rotary_block_tokens,
                     host.store_dtype, host.num_blocks * host.bytes_per_block / 2**30, rt.engine.transfer,
-                    rt.budget, "" if rt.link_bytes_per_s is None else " until a decode step is measured (auto)")
+                    rt.budget, "" if rt.clocks.link_bytes_per_s is None else " until a decode step is measured (auto)")
     return rt
 
 

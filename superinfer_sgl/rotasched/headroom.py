@@ -1,8 +1,8 @@
 """SLO headroom of one server: what a router or autoscaler reads to decide where load goes.
 
 Pure Python over the policy's own request views (no SGLang, no torch): the integration layer
-(`integration/metrics.py`) builds the views from the running server and exports the figures as
-Prometheus gauges. The same rules as the scheduler's, so a replica's "at risk" count is exactly the
+(`integration/step_figures.py`) builds the views from the running server and `integration/metrics.py`
+exports the figures as Prometheus gauges. The same rules as the scheduler's, so a replica's "at risk" count is exactly the
 requests its goodput policy already treats as best-effort:
 
 - `queue_vlt_max`: the largest Virtual Lag Time among waiting and rotary requests (seconds; 0 when

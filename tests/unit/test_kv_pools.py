@@ -91,14 +91,14 @@ def test_rotation_and_resume_are_lossless_at_page_16(monkeypatch: pytest.MonkeyP
     other = h.run("a", 30, 5, pool_idx=1, page=PAGE)
     b = h.run("b", prompt, outputs, pool_idx=2, page=PAGE)
     h.step(rotate_out=("b",))
-    assert "b" in h.rt.rotary and h.rt.rotary["b"].host_kv.num_tokens == prompt + outputs - 1
+    assert "b" in h.rt.store.entries and h.rt.store.entries["b"].host_kv.num_tokens == prompt + outputs - 1
     # the freed pages go to someone else and get other bytes before b comes back
     filler = h.alloc.alloc(h.alloc.available_size() // PAGE * PAGE)
     for buf in (*h.dev.k_buffers, *h.dev.v_buffers):
         buf[filler] = torch.randn((len(filler), *buf.shape[1:]))
     h.alloc.free(filler)
     h.step(resume=("b",))
-    assert "b" not in h.rt.rotary and h.rt.resume_locks.keys() == {"b"}
+    assert "b" not in h.rt.store.entries and h.rt.store.resume_locks.keys() == {"b"}
     restored = (prompt + outputs - 1) // PAGE * PAGE  # a partial last page is recomputed by the extend
     tokens = (b.origin_input_ids + b.output_ids)[:restored]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
@@ -106,4 +106,4 @@ def test_rotation_and_resume_are_lossless_at_page_16(monkeypatch: pytest.MonkeyP
     slots = h.tree.path_device_indices(match.last_device_node)
     assert all(torch.equal(x, y[:restored]) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
     assert torch.all(slots[::PAGE] % PAGE == 0)  # restored into whole pages
-    assert other.rid not in h.rt.rotary
+    assert other.rid not in h.rt.store.entries

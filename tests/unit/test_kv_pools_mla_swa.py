@@ -117,13 +117,13 @@ def test_mla_rotation_and_resume_through_the_runtime_at_page_16(monkeypatch: pyt
     b_slots = h.sched.req_to_token_pool.req_to_token[2, : prompt + outputs].to(torch.int64)
     expected = [_bits(buf[b_slots]).clone() for buf in pool.kv_buffer]
     h.step(rotate_out=("b",))
-    assert "b" in h.rt.rotary
+    assert "b" in h.rt.store.entries
     filler = h.alloc.alloc(h.alloc.available_size() // PAGE * PAGE)  # b's pages get other bytes
     for buf in pool.kv_buffer:
         _bits(buf)[filler] = torch.randint(0, 256, _bits(buf)[filler].shape, dtype=torch.uint8)
     h.alloc.free(filler)
     h.step(resume=("b",))
-    assert "b" not in h.rt.rotary
+    assert "b" not in h.rt.store.entries
     restored = (prompt + outputs - 1) // PAGE * PAGE  # a partial last page is recomputed by the extend
     tokens = (b.origin_input_ids + b.output_ids)[:restored]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
@@ -131,7 +131,7 @@ def test_mla_rotation_and_resume_through_the_runtime_at_page_16(monkeypatch: pyt
     slots = h.tree.path_device_indices(match.last_device_node)
     for layer, buf in enumerate(pool.kv_buffer):
         assert torch.equal(_bits(buf[slots]), expected[layer][:restored]), layer
-    assert torch.all(slots[::PAGE] % PAGE == 0) and other.rid not in h.rt.rotary
+    assert torch.all(slots[::PAGE] % PAGE == 0) and other.rid not in h.rt.store.entries
 
 
 def _run(h: Any, pool: Any, rid: str, prompt: int, outputs: int, pool_idx: int) -> Any:

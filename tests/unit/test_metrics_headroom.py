@@ -1,43 +1,53 @@
-"""The headroom gauges of /metrics, computed from a runtime-shaped object (RotaSchedMetrics.update)."""
+"""The headroom gauges of /metrics, from the figures the runtime hands them after a step
+(RotaSchedMetrics.update, integration/step_figures.py)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 from fakes import FakeReq, sampling
 from prometheus_client import CollectorRegistry
 
+from superinfer_sgl.config import SuperInferConfig
+from superinfer_sgl.duplexkv.engine import HostKV
+from superinfer_sgl.integration.clocks import Clocks
 from superinfer_sgl.integration.metrics import RotaSchedMetrics
-from superinfer_sgl.integration.runtime import RotationStats
-from superinfer_sgl.rotasched.views import ViewRules
+from superinfer_sgl.integration.rotary_store import RotaryStore
+from superinfer_sgl.integration.rotation import RotaryEntry, RotationStats
+from superinfer_sgl.integration.step_figures import StepFigures, step_figures
 from superinfer_sgl.rotasched import ReqState, Slo, VltParams
 from superinfer_sgl.rotasched.clock import ReqClock
 from superinfer_sgl.rotasched.goodput import StepCosts
 
 
-def _rt(now: float) -> SimpleNamespace:
-    slo = Slo(1000.0, 50.0)  # 1 s TTFT, 50 ms TBT
-    fresh, stale = FakeReq("fresh", output_ids=[]), FakeReq("stale", output_ids=[])
-    parked = FakeReq("parked", output_ids=[1, 2, 3], sampling_params=sampling(max_new_tokens=40))
-    run = FakeReq("run", output_ids=[1] * 30, sampling_params=sampling(max_new_tokens=40))
-    clocks = {
-        "fresh": ReqClock("fresh", now - 0.1, slo),
-        "stale": ReqClock("stale", now - 3.0, slo, slo_class="interactive"),  # TTFT already gone
-        "parked": ReqClock("parked", now - 2.0, slo, state=ReqState.ROTARY, first_token=now - 1.9,
-                           last_token=now - 1.0, outputs_seen=3, gaps=2),
-        "run": ReqClock("run", now - 5.0, slo, state=ReqState.RUNNING, run_start=now - 1.0,
-                        first_token=now - 4.9, last_token=now - 0.01, outputs_seen=30, gaps=29,
-                        gaps_missed=10),  # 10 of 29 gaps missed: its TBT SLO is lost
-    }
-    return SimpleNamespace(
-        stats=RotationStats(), engine=None, budget=8, link_bytes_per_s=None, rotary={"parked": SimpleNamespace(req=parked)},
-        pool_usage=lambda: {"host_blocks_used": 0, "host_blocks_total": 0},
-        clocks=clocks, resume_locks={}, params=VltParams(3.0, 0.5, 0.0), rules=ViewRules(16),
-        meter=SimpleNamespace(costs=StepCosts(1e-3, 0.0, 0.02, 0.0)),
-        cfg=SimpleNamespace(max_best_effort_wait_ms=60000.0),
-        sched=SimpleNamespace(waiting_queue=[fresh, stale], running_batch=SimpleNamespace(reqs=[run])),
-    )
+class Queue:
+    """The requests as a step leaves them, in the runtime's own collaborators (Clocks, RotaryStore)
+    on a fake scheduler; `figures()` is what the runtime hands the metrics."""
+
+    def __init__(self, now: float) -> None:
+        slo = Slo(1000.0, 50.0)  # 1 s TTFT, 50 ms TBT
+        fresh, stale = FakeReq("fresh", output_ids=[]), FakeReq("stale", output_ids=[])
+        parked = FakeReq("parked", output_ids=[1, 2, 3], sampling_params=sampling(max_new_tokens=40))
+        run = FakeReq("run", output_ids=[1] * 30, sampling_params=sampling(max_new_tokens=40))
+        self.sched = SimpleNamespace(waiting_queue=[fresh, stale], running_batch=SimpleNamespace(reqs=[run]))
+        self.clocks = Clocks(SuperInferConfig(), StepCosts(1e-3, 0.0, 0.02, 0.0))
+        self.clocks.by_rid.update({
+            "fresh": ReqClock("fresh", now - 0.1, slo),
+            "stale": ReqClock("stale", now - 3.0, slo, slo_class="interactive"),  # TTFT already gone
+            "parked": ReqClock("parked", now - 2.0, slo, state=ReqState.ROTARY, first_token=now - 1.9,
+                               last_token=now - 1.0, outputs_seen=3, gaps=2),
+            "run": ReqClock("run", now - 5.0, slo, state=ReqState.RUNNING, run_start=now - 1.0,
+                            first_token=now - 4.9, last_token=now - 0.01, outputs_seen=30, gaps=29,
+                            gaps_missed=10),  # 10 of 29 gaps missed: its TBT SLO is lost
+        })
+        self.store = RotaryStore(self.sched, None, RotationStats())
+        self.store.entries["parked"] = RotaryEntry(parked, HostKV((0,), 2, 16), now - 1.0)
+
+    def figures(self) -> StepFigures:
+        return step_figures(self.sched, None, self.clocks, self.store, self.store.stats, 8, VltParams(3.0, 0.5, 0.0),
+                            60.0, 4096)
 
 
 def _v(reg: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -50,7 +60,7 @@ def test_headroom_gauges_from_the_runtime() -> None:
     assert _v(reg, "superinfer_queue_vlt_max_seconds") == 0.0  # present before any request
     assert _v(reg, "superinfer_requests_at_risk", state="waiting") == 0.0
     now = time.monotonic()
-    m.update(_rt(now))
+    m.update(Queue(now).figures())
     # rotary "parked": its last token 1 s ago, alpha 3, beta_tbt 0 -> VLT ~3 s (the largest)
     vlt = _v(reg, "superinfer_queue_vlt_max_seconds")
     assert vlt is not None and 3.0 <= vlt < 3.5
@@ -59,6 +69,10 @@ def test_headroom_gauges_from_the_runtime() -> None:
     # "parked" met its TTFT and missed none of its 2 gaps: 39 gaps in all may miss 3; still viable
     assert _v(reg, "superinfer_requests_at_risk", state="rotary") == 0.0
     assert _v(reg, "superinfer_running_requests_slo_lost") == 1.0
+    # rotation off: no engine bytes, and the host pool reads empty
+    assert reg.get_sample_value("superinfer_rotation_bytes_total", {"direction": "out"}) is None
+    assert reg.get_sample_value("superinfer_host_pool_blocks_total") == 0.0
+    assert reg.get_sample_value("superinfer_rotary_requests") == 1.0
 
 
 def test_recent_attainment_per_class_window() -> None:
@@ -79,13 +93,16 @@ def test_recent_attainment_per_class_window() -> None:
                                 {"slo_class": "interactive", "slo": "joint", "outcome": "met"}) == 1.0
 
 
-def test_a_broken_runtime_does_not_break_update(caplog) -> None:  # type: ignore[no-untyped-def]
+def test_broken_headroom_does_not_break_update(caplog) -> None:  # type: ignore[no-untyped-def]
     reg = CollectorRegistry()
     m = RotaSchedMetrics(registry=reg)
-    rt = _rt(time.monotonic())
-    del rt.meter  # headroom cannot be computed; the rest of update still runs, once logged
-    m.update(rt)
-    m.update(rt)
+
+    def broken() -> list:
+        raise AttributeError("no views")
+
+    fig = replace(Queue(time.monotonic()).figures(), queue_views=broken)
+    m.update(fig)  # headroom cannot be computed; the rest of update still runs, once logged
+    m.update(fig)
     assert reg.get_sample_value("superinfer_rotation_budget_blocks") == 8.0
     assert sum("headroom gauges not updated" in r.message for r in caplog.records) == 1
 
@@ -100,31 +117,31 @@ def test_headroom_under_a_backlog_refreshes_at_most_every_interval(monkeypatch) 
     monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: clock[0])
     reg = CollectorRegistry()
     m = RotaSchedMetrics(registry=reg)
-    rt = _rt(clock[0])
-    m.update(rt)  # a short queue: every step
+    q = Queue(clock[0])
+    m.update(q.figures())  # a short queue: every step
     assert _v(reg, "superinfer_waiting_requests") == 2.0
-    rt.sched.waiting_queue.pop()
+    q.sched.waiting_queue.pop()
     clock[0] += 0.001
-    m.update(rt)
+    m.update(q.figures())
     assert _v(reg, "superinfer_waiting_requests") == 1.0
     n = metrics_mod.HEADROOM_EVERY_STEP + 1
     extra = [FakeReq(f"q{i}", output_ids=[]) for i in range(n)]
     for req in extra:
-        rt.clocks[req.rid] = ReqClock(req.rid, clock[0], Slo(1000.0, 50.0))
-    rt.sched.waiting_queue.extend(extra)  # a backlog forms: shown at once
+        q.clocks.by_rid[req.rid] = ReqClock(req.rid, clock[0], Slo(1000.0, 50.0))
+    q.sched.waiting_queue.extend(extra)  # a backlog forms: shown at once
     clock[0] += 0.001
-    m.update(rt)
+    m.update(q.figures())
     assert _v(reg, "superinfer_waiting_requests") == n + 1
-    rt.sched.waiting_queue.pop()  # within the interval the gauges keep their values
+    q.sched.waiting_queue.pop()  # within the interval the gauges keep their values
     clock[0] += metrics_mod.HEADROOM_INTERVAL_S / 2
-    m.update(rt)
+    m.update(q.figures())
     assert _v(reg, "superinfer_waiting_requests") == n + 1
     clock[0] += metrics_mod.HEADROOM_INTERVAL_S
-    m.update(rt)
+    m.update(q.figures())
     assert _v(reg, "superinfer_waiting_requests") == n
-    rt.sched.waiting_queue.clear()  # the backlog drains: refreshed at once, idle reads 0
-    rt.rotary.clear()
+    q.sched.waiting_queue.clear()  # the backlog drains: refreshed at once, idle reads 0
+    q.store.entries.clear()
     clock[0] += 0.001
-    m.update(rt)
+    m.update(q.figures())
     assert _v(reg, "superinfer_waiting_requests") == 0.0
     assert _v(reg, "superinfer_queue_vlt_max_seconds") == 0.0

@@ -188,7 +188,7 @@ class Server:
         req.kv.holds_kv, req.kv.kv_allocated_len = False, 0
 
     def observe(self, t: float) -> None:
-        self.rt.observe(list(self.batch.reqs), t)
+        self.rt.clocks.observe(list(self.batch.reqs), self.rt.sched.waiting_queue, t)
 
     def arrive(self, reqs: list[Req], t: float) -> None:
         for r in reqs:
@@ -216,7 +216,7 @@ class Server:
 
         tokens = req.origin_input_ids + req.output_ids
         prefix = torch.zeros(0, dtype=torch.int64)
-        if req.rid in self.rt.resume_locks:
+        if req.rid in self.rt.store.resume_locks:
             n = len(tokens) - 1
             match = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens[:n], req.extra_key,
                                                                           cache_salt=req.cache_salt)))
@@ -276,7 +276,7 @@ class Server:
         """One iteration as around_prefill runs it (observe, the runtime's step, the adder offered
         its order), with the clock at `t`; the adder admits `admit` (the simulator's choice)."""
         self.rt.iteration += 1
-        self.rt.meter = CostMeter(costs)  # what the server would have measured: the simulator's model
+        self.rt.clocks.meter = CostMeter(costs)  # what the server would have measured: the simulator's model
         live = [r for r in self.batch.reqs if not r.finished()]
         self.observe(t)
         order = self.rt._step(self.batch, live, t)
@@ -305,7 +305,7 @@ class Server:
 
     def state(self) -> dict[str, Any]:
         return {"running": [r.rid for r in self.batch.reqs], "waiting": [r.rid for r in self.sched.waiting_queue],
-                "rotary": list(self.rt.rotary), "free": self.free_tokens(),
+                "rotary": list(self.rt.store.entries), "free": self.free_tokens(),
                 "outputs": {rid: len(r.output_ids) for rid, r in self.reqs.items()}}
 
 

@@ -57,6 +57,18 @@ def test_the_simulators_policies_come_from_the_same_registry_shape() -> None:
         make_policy("fcfs")
 
 
+def test_transfer_paths_and_bench_profiles_are_registries_too() -> None:
+    from superinfer_sgl.bench.profiles import PROFILES
+    from superinfer_sgl.duplexkv.transfer import PATHS, TRANSFERS
+
+    assert isinstance(PATHS, Registry) and TRANSFERS == ("auto", *PATHS.names())  # config's: test_config.py
+    with pytest.raises(ValueError, match="unknown transfer path 'auto'"):  # a choice among paths, not one
+        PATHS["auto"]
+    assert isinstance(PROFILES, Registry) and sorted(PROFILES) == ["cpu", "gpu", "smoke"]
+    with pytest.raises(ValueError, match="unknown bench profile 'h100'; known: smoke, cpu, gpu"):
+        PROFILES["h100"]
+
+
 def test_idle_resume_and_rank_order_follow_the_policys_order() -> None:
     """Nothing runs and LVF moved nobody. By VLT the paper resumes `lost` (paused 1.5 s ago, its
     TBT already lost); goodput resumes `fine` (paused 0.5 s, gaps to spare), the request it would
@@ -71,10 +83,14 @@ def test_idle_resume_and_rank_order_follow_the_policys_order() -> None:
 
 def test_prefetch_candidates_keep_the_order_they_are_given() -> None:
     from superinfer_sgl.integration.prefetch import Prefetcher
+    from superinfer_sgl.integration.rotary_store import RotaryStore
     from superinfer_sgl.integration.rotation import RotationStats
 
     entries = {rid: SimpleNamespace(prefetch_tried=False, paused_iter=1) for rid in ("a", "b", "c")}
-    p = Prefetcher(SimpleNamespace(), None, entries, RotationStats(), lambda obj: obj)  # type: ignore[arg-type]
+    stats = RotationStats()
+    store = RotaryStore(SimpleNamespace(), None, stats)
+    store.entries.update(entries)  # type: ignore[arg-type]
+    p = Prefetcher(SimpleNamespace(), None, store, stats, lambda obj: obj)
     entries["b"].prefetch_tried = True  # a miss is not chased
     ranked = [rotary(rid, NOW - 1.0, 3) for rid in ("c", "b", "a")]
     assert [e for e in p._candidates(ranked, iteration=2)] == [entries["c"], entries["a"]]

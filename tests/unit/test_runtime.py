@@ -9,9 +9,10 @@ from typing import Any
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
+from superinfer_sgl.integration.clocks import CPU_ROTATION_S_PRIOR, Clocks, step_prior
+from superinfer_sgl.integration.rotary_store import abort_match
 from superinfer_sgl.integration.runtime import RotaSchedRuntime
 from superinfer_sgl.rotasched import Decision, Slo
-from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import StepCosts
 from superinfer_sgl.rotasched.planner import rotation_budget
 from fakes import FakeReq
@@ -63,16 +64,16 @@ def test_abort_releases_rotary_and_resume_locks() -> None:
     rt = make_runtime()
     a, b, c = FakeReq("a"), FakeReq("b"), FakeReq("c")
     for r in (a, b, c):
-        rt.clock(r, 0.0)
-    rt.rotary["a"] = rotation.RotaryEntry(a, HostKV((3,), 4, 16), 0.0)
-    rt.rotary["c"] = rotation.RotaryEntry(c, HostKV((4,), 4, 16), 0.0)
-    rt.resume_locks["b"] = "lock-b"
+        rt.clocks.clock(r, 0.0)
+    rt.store.entries["a"] = rotation.RotaryEntry(a, HostKV((3,), 4, 16), 0.0)
+    rt.store.entries["c"] = rotation.RotaryEntry(c, HostKV((4,), 4, 16), 0.0)
+    rt.store.resume_locks["b"] = "lock-b"
     rt.before_abort(SimpleNamespace(abort_all=False, rid="a"))
     assert rt.sched.waiting_queue == [a]  # SGLang's own abort path finds it there
     assert [k.block_ids for k in rt.engine.freed] == [(3,)]  # type: ignore[attr-defined]
-    assert "c" in rt.rotary and rt.stats.aborted_rotary == 1 and "a" not in rt.clocks
+    assert "c" in rt.store.entries and rt.stats.aborted_rotary == 1 and "a" not in rt.clocks.by_rid
     rt.before_abort(SimpleNamespace(abort_all=True, rid=""))
-    assert not rt.rotary and not rt.resume_locks and not rt.clocks
+    assert not rt.store.entries and not rt.store.resume_locks and not rt.clocks.by_rid
     assert rt.sched.tree_cache.unlocked == ["lock-b"] and not rt.has_work()
     assert set(rt.engine.untracked) == {"a", "b", "c"}  # type: ignore[attr-defined]
 
@@ -80,7 +81,7 @@ def test_abort_releases_rotary_and_resume_locks() -> None:
 def test_admit_in_order_offers_only_chosen_and_keeps_the_rest() -> None:
     w = [FakeReq(x) for x in "abcd"]
     rt = make_runtime(waiting=w)
-    rt.resume_locks["c"] = "lock-c"
+    rt.store.resume_locks["c"] = "lock-c"
     late = FakeReq("late")
 
     def original(sched: Any, running_batch: Any) -> str:
@@ -90,7 +91,7 @@ def test_admit_in_order_offers_only_chosen_and_keeps_the_rest() -> None:
 
     assert rt._admit_in_order(original, rt.sched, FakeBatch([]), [w[2], w[0]]) == "plan"
     assert [r.rid for r in rt.sched.waiting_queue] == ["a", "b", "d", "late"]
-    assert rt.sched.tree_cache.unlocked == ["lock-c"] and "c" not in rt.resume_locks
+    assert rt.sched.tree_cache.unlocked == ["lock-c"] and "c" not in rt.store.resume_locks
 
 
 def test_a_request_sglang_queues_during_admission_stays_queued() -> None:
@@ -137,10 +138,10 @@ def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
     rt = make_runtime()
     r = FakeReq("x")
     r.sampling_params.custom_params = {"slo_class": "interactive", "other": 1}
-    assert rt.clock(r, 0.0).slo == Slo(1000.0, 50.0) and rt.clocks["x"].slo_class == "interactive"
+    assert rt.clocks.clock(r, 0.0).slo == Slo(1000.0, 50.0) and rt.clocks.by_rid["x"].slo_class == "interactive"
     bad = FakeReq("y")
     bad.sampling_params.custom_params = {"ttft_slo_ms": -1}
-    assert rt.clock(bad, 0.0).slo == rt.default_slo  # validated earlier, in the tokenizer
+    assert rt.clocks.clock(bad, 0.0).slo == rt.clocks.default_slo  # validated earlier, in the tokenizer
 
 
 def test_a_clock_starts_when_the_http_layer_received_the_request() -> None:
@@ -151,7 +152,7 @@ def test_a_clock_starts_when_the_http_layer_received_the_request() -> None:
     rt = make_runtime()
     r = FakeReq("x")
     r.sampling_params.custom_params = {RECEIVED_KEY: time.time() - 0.25}
-    arrival = rt.clock(r, 100.0).arrival
+    arrival = rt.clocks.clock(r, 100.0).arrival
     assert 99.7 < arrival <= 99.75  # backdated by what the client already waited
     assert intake_delay_s({RECEIVED_KEY: 50.0}, 40.0) == 0.0  # another process's clock ahead
     assert intake_delay_s({RECEIVED_KEY: 0.0}, 1e9) == MAX_INTAKE_S
@@ -167,11 +168,21 @@ def test_default_budget_is_the_papers_capped_by_the_pool() -> None:
 
 
 def test_a_mixed_steps_prefill_cost_is_its_time_beyond_a_decode_step() -> None:
-    rt = make_runtime()
-    rt.meter = CostMeter(StepCosts(0.0, 0.0, 0.05, 0.0))
+    clocks = Clocks(SuperInferConfig(), StepCosts(0.0, 0.0, 0.05, 0.0))
     mixed = SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True, is_mixed=lambda: True)
     # 100 prompt tokens plus 4 decode rows (SGLang counts both in extend_num_tokens), 0.25 s in all
-    rt.sched.last_batch = SimpleNamespace(forward_mode=mixed, extend_num_tokens=104, decoding_reqs=[0] * 4)
-    rt._last_step_t = 10.0
-    rt._measure_last_step(rt.sched, 10.25)
-    assert abs(rt.meter.costs.prefill_s_per_token - 0.20 / 100) < 1e-12
+    last = SimpleNamespace(forward_mode=mixed, extend_num_tokens=104, decoding_reqs=[0] * 4)
+    clocks.measure_last_step(None, 10.0)  # the first iteration: nothing before it to time
+    clocks.measure_last_step(last, 10.25)
+    assert abs(clocks.meter.costs.prefill_s_per_token - 0.20 / 100) < 1e-12
+
+
+def test_the_cpu_prior_prices_a_rotation_before_any_is_measured() -> None:
+    assert step_prior(on_cpu=True).rotation_s == CPU_ROTATION_S_PRIOR and step_prior(on_cpu=False).rotation_s == 0.0
+    assert make_runtime().clocks.meter.costs.rotation_s == CPU_ROTATION_S_PRIOR  # a scheduler without a device
+
+
+def test_abort_matches_by_rid_prefix_or_all() -> None:
+    match = abort_match(SimpleNamespace(abort_all=False, rid="req-1"))
+    assert match("req-1") and match("req-1-n2") and not match("req-2")
+    assert abort_match(SimpleNamespace(abort_all=True, rid="x"))("anything")

@@ -193,7 +193,7 @@ def test_a_step_with_outs_and_ins_is_one_rotate_call_carrying_both(
     h = Harness(monkeypatch, pool=40 if tight else 64, prefetch=False)
     a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
-    assert h.rt.rotary.keys() == {"b"} and h.rotate_calls[-1]["out"] == ["b"] and h.rotate_calls[-1]["in"] == []
+    assert h.rt.store.entries.keys() == {"b"} and h.rotate_calls[-1]["out"] == ["b"] and h.rotate_calls[-1]["in"] == []
     others = [h.run("c", 14, 6, pool_idx=3)] if tight else []
     assert (h.alloc.available_size() == 0) is tight
     a_slots = h.sched.req_to_token_pool.req_to_token[1, :19].tolist()
@@ -204,14 +204,14 @@ def test_a_step_with_outs_and_ins_is_one_rotate_call_carrying_both(
     assert call["out"] == ["a"] and len(call["in"]) == 1 and call["in_after_out"] is tight
     b_slots = h.assert_restored(b)
     assert bool(set(b_slots.tolist()) & set(a_slots)) is tight  # tight: b really got a's old slots
-    assert h.rt.rotary.keys() == {"a"} and h.rt.resume_locks.keys() == {"b"}
+    assert h.rt.store.entries.keys() == {"a"} and h.rt.store.resume_locks.keys() == {"b"}
     assert h.rt.stats.duplex_steps == 1 and (h.rt.stats.rotations_out, h.rt.stats.resumes) == (2, 1)
-    assert h.rt.clocks["a"].state == ReqState.ROTARY and h.rt.clocks["b"].state == ReqState.WAITING
-    assert h.rt.clocks["a"].rotations == 1 and h.rt.has_work()
+    assert h.rt.clocks.by_rid["a"].state == ReqState.ROTARY and h.rt.clocks.by_rid["b"].state == ReqState.WAITING
+    assert h.rt.clocks.by_rid["a"].rotations == 1 and h.rt.has_work()
     assert h.batch.reqs == others and h.sched.waiting_queue == [b]
     # a's saved bytes are the ones it had before b's KV came into its old slots
     h.sched.waiting_queue.clear()
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     h.alloc.free(b_slots)
     h.step(resume=("a",))
     h.assert_restored(a)
@@ -222,18 +222,18 @@ def test_prefetched_resume_uses_the_prefetched_slots_and_copies_nothing_again(mo
     h.run("a", 12, 8, pool_idx=1)
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
-    assert not h.rt.prefetched  # rotated out this very step: not a candidate
+    assert not h.rt.store.prefetched  # rotated out this very step: not a candidate
     free_before = h.alloc.available_size()
     h.step()  # LVF resumes nobody; b is the rotary request it would take next
     bpt = h.engine.device_pool.bytes_per_token
-    assert h.rt.prefetched.keys() == {"b"} and h.rt.stats.prefetches == 1
+    assert h.rt.store.prefetched.keys() == {"b"} and h.rt.stats.prefetches == 1
     assert h.alloc.available_size() == free_before - 19 and h.engine.bytes_prefetched == 19 * bpt
-    prefetched_slots = h.rt.prefetched["b"].slots
+    prefetched_slots = h.rt.store.prefetched["b"].slots
     bytes_in, copies = h.engine.bytes_in, h.to_device
     h.step(resume=("b",))
     assert h.to_device == copies and h.engine.bytes_in == bytes_in  # no second copy
     assert h.engine.prefetch_hits == 1 and h.engine.bytes_prefetch_hits == 19 * bpt
-    assert h.rt.stats.prefetch_hits == 1 and not h.rt.prefetched
+    assert h.rt.stats.prefetch_hits == 1 and not h.rt.store.prefetched
     assert torch.equal(h.assert_restored(b), prefetched_slots)
     assert torch.equal(h.rotate_calls[-1]["in"][0], prefetched_slots)
 
@@ -245,12 +245,12 @@ def test_an_unused_prefetch_is_cancelled_and_its_slots_freed(monkeypatch: pytest
     h.step(rotate_out=("b",))
     free_before, host_before = h.alloc.available_size(), h.engine.host_pool.allocator.num_used
     h.step()
-    assert h.rt.prefetched.keys() == {"b"}
+    assert h.rt.store.prefetched.keys() == {"b"}
     h.step()  # b not resumed: the guess was wrong
-    assert not h.rt.prefetched and h.rt.stats.prefetch_cancelled == 1 and h.engine.prefetches_cancelled == 1
+    assert not h.rt.store.prefetched and h.rt.stats.prefetch_cancelled == 1 and h.engine.prefetches_cancelled == 1
     assert h.alloc.available_size() == free_before and h.engine.host_pool.allocator.num_used == host_before
     h.step()
-    assert not h.rt.prefetched  # a miss is not chased again this stint
+    assert not h.rt.store.prefetched  # a miss is not chased again this stint
     copies = h.to_device
     h.step(resume=("b",))
     assert h.to_device > copies and h.engine.prefetch_hits == 0
@@ -263,9 +263,9 @@ def test_aborting_a_prefetched_rotary_request_leaks_nothing(monkeypatch: pytest.
     h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
     h.step()
-    assert h.rt.prefetched.keys() == {"b"}
+    assert h.rt.store.prefetched.keys() == {"b"}
     h.rt.before_abort(SimpleNamespace(abort_all=False, rid="b"))
-    assert not h.rt.prefetched and not h.rt.rotary and [r.rid for r in h.sched.waiting_queue] == ["b"]
+    assert not h.rt.store.prefetched and not h.rt.store.entries and [r.rid for r in h.sched.waiting_queue] == ["b"]
     assert h.alloc.available_size() == h.alloc.size - 20  # only a's slots are in use
     # a finishes: its mirror goes, its slots go back; nothing of b is left anywhere
     h.rt.on_finished(a)
@@ -279,9 +279,9 @@ def test_full_host_pool_falls_back_to_recompute_for_the_outs_that_do_not_fit(mon
     h = Harness(monkeypatch, host_blocks=6, eager_sync=False)
     a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)  # 5 host blocks each
     h.step(rotate_out=("a", "b"))
-    assert h.rt.rotary.keys() == {"a"} and h.requeued == [b]
+    assert h.rt.store.entries.keys() == {"a"} and h.requeued == [b]
     assert h.rt.stats.recompute_fallbacks == 1 and h.rt.stats.rotations_out == 1
-    assert h.rt.clocks["b"].recomputes == 1 and h.rt.clocks["b"].state == ReqState.WAITING
+    assert h.rt.clocks.by_rid["b"].recomputes == 1 and h.rt.clocks.by_rid["b"].state == ReqState.WAITING
     assert not b.kv.holds_kv and h.batch.reqs == [] and not h.batch.batch_is_full
     assert h.alloc.available_size() == h.alloc.size  # both released
     h.step(resume=("a",))
@@ -289,40 +289,37 @@ def test_full_host_pool_falls_back_to_recompute_for_the_outs_that_do_not_fit(mon
 
 
 def test_verify_hashes_across_a_duplex_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness(monkeypatch, prefetch=False)
-    h.rt.verify = True
+    h = Harness(monkeypatch, prefetch=False, verify_rotation=True)
     h.run("a", 12, 8, pool_idx=1)
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
-    assert "b" in h.rt.digests
+    assert "b" in h.rt.store.digests
     h.step(resume=("b",))
     b.kv.req_pool_idx, b.kv.holds_kv = 3, True  # admitted: SGLang matched the restored prefix
     h.sched.req_to_token_pool.req_to_token[3, :19] = h.restored_slots(b).to(torch.int32)
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     assert h.rt.stats.kv_verified == 1 and h.rt.stats.kv_mismatches == 0
 
 
 def test_verify_checks_only_the_prefix_a_logprob_request_reads_back(monkeypatch: pytest.MonkeyPatch) -> None:
     # SGLang matches a return_logprob request only up to logprob_start_len (its prompt's length) and
     # extends the rest into fresh, not yet written slots: those are not restored KV to compare.
-    h = Harness(monkeypatch, prefetch=False)
-    h.rt.verify = True
+    h = Harness(monkeypatch, prefetch=False, verify_rotation=True)
     b = h.run("b", 13, 7, pool_idx=2)
     b.return_logprob, b.logprob_start_len = True, 13  # type: ignore[attr-defined]
     h.step(rotate_out=("b",))
-    assert h.rt.digests["b"][0] == 13
+    assert h.rt.store.digests["b"][0] == 13
     h.step(resume=("b",))
     b.kv.req_pool_idx, b.kv.holds_kv, b.prefix_len = 3, True, 13  # type: ignore[attr-defined]
     row = h.sched.req_to_token_pool.req_to_token
     row[3, :13] = h.restored_slots(b)[:13].to(torch.int32)
     row[3, 13:20] = h.alloc.alloc(7).to(torch.int32)  # the extend's slots, garbage until the forward
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     assert h.rt.stats.kv_verified == 1 and h.rt.stats.kv_mismatches == 0
 
 
 def test_verify_skips_a_shorter_match_than_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
-    h = Harness(monkeypatch, prefetch=False)
-    h.rt.verify = True
+    h = Harness(monkeypatch, prefetch=False, verify_rotation=True)
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))
     h.step(resume=("b",))
@@ -330,8 +327,8 @@ def test_verify_skips_a_shorter_match_than_the_digest(monkeypatch: pytest.Monkey
     row = h.sched.req_to_token_pool.req_to_token
     row[3, :10] = h.restored_slots(b)[:10].to(torch.int32)
     row[3, 10:20] = h.alloc.alloc(10).to(torch.int32)
-    h.rt._unlock_admitted([b])
-    assert h.rt.stats.kv_unverified == 1 and h.rt.stats.kv_mismatches == 0 and "b" not in h.rt.digests
+    h.rt.store.unlock_admitted([b])
+    assert h.rt.stats.kv_unverified == 1 and h.rt.stats.kv_mismatches == 0 and "b" not in h.rt.store.digests
 
 
 def test_a_held_rotary_request_is_prefetched_the_iteration_before_it_may_resume(
@@ -342,12 +339,12 @@ def test_a_held_rotary_request_is_prefetched_the_iteration_before_it_may_resume(
     b = h.run("b", 13, 7, pool_idx=2)
     h.step(rotate_out=("b",))  # iteration 1
     h.step(resume=("b",))  # 2: held, and not resumable next iteration either
-    assert "b" in h.rt.rotary and not h.rt.prefetched
+    assert "b" in h.rt.store.entries and not h.rt.store.prefetched
     h.step(resume=("b",))  # 3: held; resumable next iteration, so prefetched now
-    assert "b" in h.rt.rotary and h.rt.prefetched.keys() == {"b"}
+    assert "b" in h.rt.store.entries and h.rt.store.prefetched.keys() == {"b"}
     copies = h.to_device
     h.step(resume=("b",))  # 4: resumed from the prefetched slots
-    assert "b" not in h.rt.rotary and h.to_device == copies and h.rt.stats.prefetch_hits == 1
+    assert "b" not in h.rt.store.entries and h.to_device == copies and h.rt.stats.prefetch_hits == 1
     h.assert_restored(b)
 
 
@@ -366,13 +363,13 @@ def test_resume_through_sglangs_own_allocator_and_radix_tree_evicting_a_cached_p
         h.tree.insert(InsertParams(key=RadixKey(list(range(first, first + n))), value=cached, prev_prefix_len=0))
     assert h.alloc.available_size() == 5 and h.tree.evictable_size() == 15
     h.step(resume=("b",))  # needs 19 slots: 14 more than free, so both cached prefixes must go
-    assert "b" not in h.rt.rotary and h.tree.protected_size() == 19  # restored and locked by us
+    assert "b" not in h.rt.store.entries and h.tree.protected_size() == 19  # restored and locked by us
     tokens = (b.origin_input_ids + b.output_ids)[:19]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
     assert match.device_prefix_len == 19
     slots = h.tree.path_device_indices(match.last_device_node)
     assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     assert h.tree.protected_size() == 0 and h.tree.evictable_size() == 19
 
 
@@ -392,7 +389,7 @@ def _resume_over_a_cached_prefix(monkeypatch: pytest.MonkeyPatch, same_bytes: bo
         buf[cached] = h.kv["b"][i][:8] + (0.0 if same_bytes else 1e-6)
     h.tree.insert(InsertParams(key=RadixKey(b.origin_input_ids[:8]), value=cached, prev_prefix_len=0))
     h.step(resume=("b",))
-    assert "b" not in h.rt.rotary and h.rt.resume_locks.keys() == {"b"}
+    assert "b" not in h.rt.store.entries and h.rt.store.resume_locks.keys() == {"b"}
     return h, b, int(cached[0])
 
 
@@ -421,7 +418,7 @@ def test_a_resumed_request_reads_its_own_kv_bytes_even_over_a_recomputed_tree_pr
     assert all(torch.equal(x, y) for x, y in zip(h.device_kv(slots), h.kv["b"], strict=True))
     assert (int(slots[0]) == first_cached) is shared  # shared only when byte-identical
     assert h.engine.synced_tokens("b") == 19 // BT * BT  # its full restored blocks are its mirror, both cases
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     assert h.tree.protected_size() == 0
 
 
@@ -432,7 +429,7 @@ def test_min_stint_keeps_young_running_requests_out_of_lvf_victims(monkeypatch: 
     current stint (0: the paper's rule, at once)."""
     h = Harness(monkeypatch, min_stint_ms=stint_ms)
     req = h.run("a", 8, 4, 0)
-    h.rt.observe([req], 100.0)  # its stint starts now
+    h.rt.clocks.observe([req], h.rt.sched.waiting_queue, 100.0)  # its stint starts now
     rotatable = {}
     for now in (100.5, 104.9, 105.0, 130.0):
         views, _ = h.rt._views(h.batch, [req], now)
@@ -453,7 +450,7 @@ def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypat
     waiting = [Req(f"w{i}", [1, 2, 3], [], SimpleNamespace(holds_kv=False), sampling(max_new_tokens=0))
                for i in range(4)]
     h.sched.waiting_queue = list(waiting)
-    h.rt.observe([], 100.0)  # their clocks
+    h.rt.clocks.observe([], h.rt.sched.waiting_queue, 100.0)  # their clocks
     h.decisions.append(Decision(admit=("w3",), contention=True, blocked=blocked))
     queue = h.rt._step(h.batch, [], 100.0)
     want = ["w3", "w2"] if blocked else ["w3", "w0", "w1", "w2"]
@@ -482,7 +479,7 @@ def test_fp8_host_blocks_resume_within_the_e4m3_bound(monkeypatch: pytest.Monkey
             buf[cached] = h.kv["b"][i][:8]
         h.tree.insert(InsertParams(key=RadixKey(b.origin_input_ids[:8]), value=cached, prev_prefix_len=0))
     h.step(resume=("b",))
-    assert "b" not in h.rt.rotary and h.rt.resume_locks.keys() == {"b"}
+    assert "b" not in h.rt.store.entries and h.rt.store.resume_locks.keys() == {"b"}
     assert (b.cache_salt is not None) is tree_holds_prefix
     tokens = (b.origin_input_ids + b.output_ids)[:19]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, b.extra_key, cache_salt=b.cache_salt)))
@@ -495,7 +492,7 @@ def test_fp8_host_blocks_resume_within_the_e4m3_bound(monkeypatch: pytest.Monkey
         assert bool(((x - y).abs() <= quant.error_bound(x, quant.scales_for(x.abs().amax()))).all())
     # one byte per value (the eager sync had copied the full blocks already)
     assert h.engine.bytes_out + h.engine.bytes_reused == 19 * LAYERS * 2 * HEADS * DIM
-    h.rt._unlock_admitted([b])
+    h.rt.store.unlock_admitted([b])
     assert h.tree.protected_size() == 0
 
 

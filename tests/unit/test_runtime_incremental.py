@@ -62,7 +62,7 @@ class World:
         elif op == "admit" and sched.waiting_queue:
             req = pick(sched.waiting_queue)
             sched.waiting_queue.remove(req)
-            rt.resume_locks.pop(req.rid, None)
+            rt.store.resume_locks.pop(req.rid, None)
             req.output_ids.append(1)
             self.running.append(req)
         elif op == "decode":
@@ -72,12 +72,12 @@ class World:
             req = pick(self.running)
             self.running.remove(req)
             n = len(req.origin_input_ids) + len(req.output_ids) - 1
-            rt.rotary[req.rid] = SimpleNamespace(req=req, host_kv=SimpleNamespace(num_tokens=n))
-            rt.clocks[req.rid].set_state(ReqState.ROTARY, self.now)
-        elif op == "resume" and rt.rotary:
-            rid = pick(sorted(rt.rotary))
-            entry = rt.rotary.pop(rid)
-            rt.resume_locks[rid] = object()
+            rt.store.entries[req.rid] = SimpleNamespace(req=req, host_kv=SimpleNamespace(num_tokens=n))
+            rt.clocks.by_rid[req.rid].set_state(ReqState.ROTARY, self.now)
+        elif op == "resume" and rt.store.entries:
+            rid = pick(sorted(rt.store.entries))
+            entry = rt.store.entries.pop(rid)
+            rt.store.resume_locks[rid] = object()
             sched.waiting_queue.append(entry.req)
         elif op == "finish" and self.running:
             req = pick(self.running)
@@ -91,9 +91,9 @@ class World:
     def check_step(self) -> None:
         rt = self.rt
         self.now += 0.01
-        rt.observe(self.running, self.now)
-        young = self.now - rt.min_stint_s
-        args = (rt.sched, self.running, rt.clocks, rt.resume_locks, rt.rotary, young)
+        rt.clocks.observe(self.running, rt.sched.waiting_queue, self.now)
+        young = self.now - rt.clocks.min_stint_s
+        args = (rt.sched, self.running, rt.clocks.by_rid, rt.store.resume_locks, rt.store.entries, young)
         got, reserved = rt.step_views.build(*args)
         want, want_reserved = StepViews(rt.rules, True, reuse=False).build(*args)
         assert reserved == want_reserved  # bit for bit: the same sum in the same order

@@ -21,7 +21,7 @@ def test_rig_steady_state_and_document(tmp_path: Path) -> None:
             assert rig.ours() is not None and rig.stock() is not None
         d = rig.rt._decision
         assert d.contention and d.is_noop and d.blocked is not None  # nobody fits, nobody moves
-        assert rig.sched.waiting_queue == queue and len(rig.rt.rotary) == rig.counts["rotary"] == 8
+        assert rig.sched.waiting_queue == queue and len(rig.rt.store.entries) == rig.counts["rotary"] == 8
     finally:
         rig.context.close()
     out = tmp_path / "so.json"

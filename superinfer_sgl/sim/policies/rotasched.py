@@ -85,7 +85,7 @@ class RotaSched(Policy):
         return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit)
 
     def _measured(self, sim: SimState) -> StepCosts:
-        """The server's meter, fed each simulated iteration once, as runtime._measure_last_step
+        """The server's meter, fed each simulated iteration once, as the server's `Clocks.measure_last_step`
         feeds it (starting, as the server does, from nothing measured; the rotation's cost is
         the profile's, which the server measures on every rotation)."""
         if self._meter is None:
