@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
 from .rotasched.planner import POLICIES as _POLICY_REGISTRY
-from .rotasched.slo import DEFAULT_SLO
+from .rotasched.slo import DEFAULT_SLO, ROTARY_KV_DTYPES
 from .rotasched.vlt import VltParams
 
 if TYPE_CHECKING:
@@ -36,8 +36,10 @@ SCHEDULERS = ("rotasched", "sglang")
 POLICIES = _POLICY_REGISTRY.names()
 KV_TRANSFERS = ("auto", "triton-dma", "triton-dma-serial", "triton-direct", "triton-hybrid", "naive", "torch")
 # Host rotary block dtype: auto = the device KV dtype (bits copied exactly, the default); fp8_e4m3 =
-# quantized blocks with per-block, per-head scales (duplexkv/quant.py; lossy, opt-in).
-ROTARY_KV_DTYPES = ("auto", "fp8_e4m3")
+# quantized blocks with per-block, per-head scales (duplexkv/quant.py; lossy, opt-in); int4 = 4-bit
+# codes with a scale byte per 32 values of a row (duplexkv/quant_int4.py; lossy, opt-in). Also a
+# class's "rotary_kv_dtype" in --slo-classes (rotasched/slo.py, where the tuple lives so that the
+# class parser needs no import of config), which overrides this flag: ROTARY_KV_DTYPES, imported above.
 # Prefix cache: radix = SGLang's radix cache with its --radix-eviction-policy; predictive = the
 # same tree evicting by predicted reuse with a bounded pin set (docs/prefix_cache.md).
 PREFIX_CACHES = ("radix", "predictive")
@@ -45,8 +47,10 @@ ROTARY_KV_DTYPE_HELP = (
     "dtype of rotated-out KV in host memory. auto (default): the device KV dtype, copied bit-exactly; "
     "fp8_e4m3: quantized per block and KV head on the way out, dequantized on the way back: half the "
     "host bytes of bf16 (a quarter of float32), LOSSY: a rotated request's greedy output may diverge "
-    "from bit-exact rotation (its measured effect: docs/duplexkv.md). Not with an fp8 --kv-cache-dtype, "
-    "SUPERINFER_VERIFY_ROTATION=1 or --kv-transfer naive")
+    "from bit-exact rotation (its measured effect: docs/duplexkv.md); int4: 4-bit codes with a scale "
+    "byte per 32 values, about half of fp8's host bytes, LOSSIER (error up to about 8 percent of each group's "
+    "largest value). Classes of --slo-classes may set their own (\"rotary_kv_dtype\"), which wins. "
+    "Not with an fp8 --kv-cache-dtype, SUPERINFER_VERIFY_ROTATION=1 or --kv-transfer naive")
 
 
 class ConfigError(ValueError):
@@ -117,7 +121,6 @@ class SuperInferConfig:
         _require(self.max_best_effort_wait_ms > 0, "max_best_effort_wait_ms", "must be > 0")
         if self.kv_transfer not in KV_TRANSFERS:
             raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
-        self._check_rotary_kv_dtype()
         if self.prefix_cache not in PREFIX_CACHES:
             raise ConfigError(f"--prefix-cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
@@ -147,20 +150,35 @@ class SuperInferConfig:
                 SloClasses.parse(self.slo_classes, default=Slo(self.ttft_slo_ms, self.tbt_slo_ms))
             except SloError as exc:
                 raise ConfigError(f"--slo-classes: {exc}") from None
+        self._check_rotary_kv_dtype()  # after --slo-classes parsed: it may set lossy formats per class
         if (self.slo_service_tiers, self.slo_gateway_classes, self.slo_priority_classes) != (None,) * 3:
             slo_conventions(self)  # a bad mapping is a ConfigError naming its flag
 
     def _check_rotary_kv_dtype(self) -> None:
         if self.rotary_kv_dtype not in ROTARY_KV_DTYPES:
             raise ConfigError(f"--rotary-kv-dtype must be one of {ROTARY_KV_DTYPES}, got {self.rotary_kv_dtype!r}")
-        if self.rotary_kv_dtype == "auto":
+        lossy = _lossy_setting(self)
+        if lossy is None:
             return
         if self.verify_rotation:
-            raise ConfigError(f"--rotary-kv-dtype {self.rotary_kv_dtype} is lossy, so the KV byte check of "
+            raise ConfigError(f"{lossy} is lossy, so the KV byte check of "
                               f"{TEST_KNOB_ENV['verify_rotation']}=1 cannot hold: unset one of them")
         if self.kv_transfer == "naive":
-            raise ConfigError(f"--rotary-kv-dtype {self.rotary_kv_dtype} needs --kv-transfer auto, torch, "
+            raise ConfigError(f"{lossy} needs --kv-transfer auto, torch, "
                               "triton-dma or triton-direct (naive copies bits)")
+
+    def class_rotary_kv_dtypes(self) -> dict[str, str]:
+        """--slo-classes' class -> the precision its KV rotates at (inherited: --rotary-kv-dtype);
+        the built-in classes when --slo-classes is unset."""
+        from .rotasched.slo import DEFAULT_CLASSES, Slo, SloClasses
+
+        classes = SloClasses.parse(self.slo_classes or DEFAULT_CLASSES, default=Slo(self.ttft_slo_ms, self.tbt_slo_ms))
+        return classes.rotary_kv_dtypes(self.rotary_kv_dtype)
+
+    def rotary_kv_formats(self) -> tuple[str, ...]:
+        """The distinct rotation precisions in use (one host pool each): --rotary-kv-dtype (requests
+        without a class) first, then the classes' in class order."""
+        return tuple(dict.fromkeys([self.rotary_kv_dtype, *self.class_rotary_kv_dtypes().values()]))
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -299,10 +317,22 @@ def knobs_from_env(environ: dict[str, str] | None = None) -> dict[str, int | boo
     return knobs
 
 
+def _lossy_setting(cfg: SuperInferConfig) -> str | None:
+    """The first lossy rotation precision set, named as the user set it (the flag, or a class of
+    --slo-classes), or None when every rotation is exact."""
+    if cfg.rotary_kv_dtype != "auto":
+        return f"--rotary-kv-dtype {cfg.rotary_kv_dtype}"
+    for name, fmt in cfg.class_rotary_kv_dtypes().items():
+        if fmt != "auto":
+            return f"--slo-classes class {name!r} rotary_kv_dtype {fmt}"
+    return None
+
+
 def check_rotary_kv_dtype(cfg: SuperInferConfig, kv_cache_dtype: str | None) -> None:
     """Launch-time check against SGLang's --kv-cache-dtype: an fp8 device cache is 1 byte already."""
-    if cfg.rotary_kv_dtype != "auto" and (kv_cache_dtype or "").startswith("fp8"):
-        raise ConfigError(f"--rotary-kv-dtype {cfg.rotary_kv_dtype} quantizes a 16/32-bit KV cache; with "
+    lossy = _lossy_setting(cfg)
+    if lossy is not None and (kv_cache_dtype or "").startswith("fp8"):
+        raise ConfigError(f"{lossy} quantizes a 16/32-bit KV cache; with "
                           f"--kv-cache-dtype {kv_cache_dtype} the device KV is fp8 already (use auto)")
 
 

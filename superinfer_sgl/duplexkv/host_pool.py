@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from superinfer_sgl.duplexkv import quant
+from superinfer_sgl.duplexkv import quant, quant_int4
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,18 @@ class HostKV:
     block_ids: tuple[int, ...]
     num_tokens: int
     block_tokens: int
+    # the format of the host pool its blocks are in (HostKVPool.kv_format), where an engine keeps a
+    # pool per format; None: the engine's only (or default) pool
+    kv_format: str | None = None
 
     def __post_init__(self) -> None:
         assert self.num_tokens >= 0 and self.block_tokens >= 1
         assert len(self.block_ids) == math.ceil(self.num_tokens / self.block_tokens), self
+
+    def prefix(self, n: int) -> HostKV:
+        """The HostKV of its first n tokens (its leading blocks; same pool)."""
+        assert 0 <= n <= self.num_tokens, (n, self.num_tokens)
+        return HostKV(self.block_ids[: math.ceil(n / self.block_tokens)], n, self.block_tokens, self.kv_format)
 
 
 class HostPoolFull(RuntimeError):
@@ -126,9 +134,14 @@ class BlockAllocator:
 class HostKVPool:
     """Block-first host KV memory [num_blocks, layers, 2, block_tokens, kv_heads, head_dim] + allocator.
 
-    `dtype` is the device pool's. store_dtype=None stores that dtype (bits copied exactly); fp8
-    e4m3 (quant.FP8_DTYPE, for a 16/32-bit device pool) stores quantized blocks plus `scales`
-    [num_blocks, layers, 2, kv_heads] float32 beside them (quant.py; lossy, --rotary-kv-dtype).
+    `dtype` is the device pool's. `kv_format` (a --rotary-kv-dtype value, quant.FORMATS) says what a
+    block stores: "auto" that dtype (bits copied exactly); "fp8_e4m3" (for a 16/32-bit device pool)
+    e4m3 codes plus `scales` [num_blocks, layers, 2, kv_heads] float32 beside them (quant.py);
+    "int4" uint8 rows of row_width = quant_int4.row_bytes(head_dim) bytes, packed codes with their
+    scale bytes inside ([num_blocks, layers, 2, block_tokens, kv_heads, row_width], no `scales`;
+    quant_int4.py). The last two are lossy (`quantized`). store_dtype (the older spelling) still
+    selects auto (None or `dtype`) or fp8 (quant.FP8_DTYPE). A pool holds one format; an engine
+    serving classes of several formats keeps one pool per format (for_formats).
     pin=None pins when CUDA is available (DMA and kernels need page-locked memory to reach full
     bandwidth and to address it from the device); pin=True insists and raises HostPinError if it
     cannot; pin=False never pins.
@@ -144,19 +157,22 @@ class HostKVPool:
         dtype: torch.dtype,
         pin: bool | None = None,
         store_dtype: torch.dtype | None = None,
+        kv_format: str | None = None,
     ) -> None:
         if min(num_blocks, layers, kv_heads, head_dim, block_tokens) < 1:
             raise ValueError("num_blocks, layers, kv_heads, head_dim and block_tokens must all be >= 1")
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.block_tokens, self.dtype = block_tokens, dtype
-        self.store_dtype = dtype if store_dtype is None else store_dtype
-        self.quantized = quant.is_quantized(self.store_dtype, dtype)
-        if self.store_dtype != dtype and not self.quantized:
-            raise ValueError(f"host blocks store {dtype} or fp8 e4m3 (quantized), not {self.store_dtype}")
-        shape = (num_blocks, layers, 2, block_tokens, kv_heads, head_dim)
-        self.data = torch.empty(shape, dtype=self.store_dtype)
-        # per block, layer, K/V and head; zeros, so an unwritten block decodes to zeros
-        self.scales = torch.zeros(shape[:3] + (kv_heads,), dtype=quant.SCALE_DTYPE) if self.quantized else None
+        self.kv_format = _format_of(dtype, store_dtype, kv_format)
+        self.store_dtype = quant.host_dtype(self.kv_format, dtype)
+        self.quantized = self.kv_format in quant.LOSSY_FORMATS
+        self.row_width = row_width(self.kv_format, head_dim)  # store_dtype elements per (token, head) row
+        shape = (num_blocks, layers, 2, block_tokens, kv_heads, self.row_width)
+        # int4: zeros decode to zeros, so an unwritten block reads back as zeros (as fp8's below)
+        self.data = (torch.zeros if self.kv_format == "int4" else torch.empty)(shape, dtype=self.store_dtype)
+        # fp8: per block, layer, K/V and head; zeros, so an unwritten block decodes to zeros
+        fp8 = self.kv_format == "fp8_e4m3"
+        self.scales = torch.zeros(shape[:3] + (kv_heads,), dtype=quant.SCALE_DTYPE) if fp8 else None
         want_pin = torch.cuda.is_available() if pin is None else pin
         self.pinned = _pin(self.data) if want_pin else False
         if self.pinned and self.scales is not None:
@@ -169,13 +185,18 @@ class HostKVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * self.data.element_size()
+        """Host bytes of one token's rows (int4: its scale bytes included; fp8: its scales not)."""
+        return self.layers * 2 * self.kv_heads * self.row_width * self.data.element_size()
 
     @property
     def bytes_per_block(self) -> int:
-        """Host bytes of one block: its KV, plus its scales when quantized."""
-        scales = quant.scale_bytes_per_block(self.layers, self.kv_heads) if self.quantized else 0
-        return self.block_tokens * self.bytes_per_token + scales
+        """Host bytes of one block: its KV, plus fp8's scales beside it."""
+        return block_bytes(self.layers, self.kv_heads, self.head_dim, self.block_tokens, self.dtype, self.kv_format)
+
+    @property
+    def bytes_used(self) -> int:
+        """Host bytes of the blocks allocated now."""
+        return self.allocator.num_used * self.bytes_per_block
 
     def blocks_for_tokens(self, n: int) -> int:
         return math.ceil(n / self.block_tokens)
@@ -191,25 +212,67 @@ class HostKVPool:
         free_ram_fraction: float = 0.5,
         gb: float | None = None,
         store_dtype: torch.dtype | None = None,
+        kv_format: str | None = None,
     ) -> int:
         """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now
-        (blocks of store_dtype, scales included when quantized)."""
-        store = dtype if store_dtype is None else store_dtype
-        elem = torch.empty((), dtype=store).element_size()
-        block_bytes = layers * 2 * block_tokens * kv_heads * head_dim * elem
-        if quant.is_quantized(store, dtype):
-            block_bytes += quant.scale_bytes_per_block(layers, kv_heads)
+        (blocks of the format, fp8's scales included)."""
+        fmt = _format_of(dtype, store_dtype, kv_format)
         budget = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
-        return max(1, int(budget // block_bytes))
+        return max(1, int(budget // block_bytes(layers, kv_heads, head_dim, block_tokens, dtype, fmt)))
 
     @classmethod
     def for_device(cls, dev, block_tokens: int, rotary_kv_dtype: str = "auto", *,
                    free_ram_fraction: float = 0.5, gb: float | None = None) -> HostKVPool:
         """The host pool for a DevicePoolView, sized by default_num_blocks (--rotary-pool-gb)."""
-        store = quant.host_dtype(rotary_kv_dtype, dev.dtype)
+        quant.host_dtype(rotary_kv_dtype, dev.dtype)  # ValueError: an unknown format, or fp8 device KV
         shape = (dev.layers, dev.kv_heads, dev.head_dim, block_tokens, dev.dtype)
-        blocks = cls.default_num_blocks(*shape, free_ram_fraction=free_ram_fraction, gb=gb, store_dtype=store)
-        return cls(blocks, *shape, store_dtype=store)
+        blocks = cls.default_num_blocks(*shape, free_ram_fraction=free_ram_fraction, gb=gb, kv_format=rotary_kv_dtype)
+        return cls(blocks, *shape, kv_format=rotary_kv_dtype)
+
+    @classmethod
+    def for_formats(cls, dev, block_tokens: int, formats: Iterable[str], *, free_ram_fraction: float = 0.5,
+                    gb: float | None = None) -> dict[str, HostKVPool]:
+        """One pool per distinct format (e.g. SloClasses.rotary_kv_dtypes' values), in first-seen
+        order; the byte budget (`gb`, else free_ram_fraction of the available RAM, measured once) is
+        split evenly between them, so each format gets the same host bytes and an int4 pool ~1.9x
+        an fp8 pool's tokens. (An even split is a placeholder: by each format's share of paused
+        tokens would fit a load better.)"""
+        fmts = list(dict.fromkeys(formats))
+        if not fmts:
+            raise ValueError("for_formats needs at least one format")
+        for fmt in fmts:
+            quant.host_dtype(fmt, dev.dtype)
+        total = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
+        share = total / len(fmts) / 2**30
+        return {fmt: cls.for_device(dev, block_tokens, fmt, gb=share) for fmt in fmts}
+
+
+def row_width(kv_format: str, head_dim: int) -> int:
+    """Host elements per (token, KV head) row: head_dim, or int4's packed bytes plus scale bytes."""
+    return quant_int4.row_bytes(head_dim) if kv_format == "int4" else head_dim
+
+
+def block_bytes(layers: int, kv_heads: int, head_dim: int, block_tokens: int, dtype: torch.dtype,
+                kv_format: str = "auto") -> int:
+    """Host bytes of one block of `kv_format` for a device KV pool of `dtype` (fp8's scales included)."""
+    elem = torch.empty((), dtype=quant.host_dtype(kv_format, dtype)).element_size()
+    payload = layers * 2 * block_tokens * kv_heads * row_width(kv_format, head_dim) * elem
+    return payload + (quant.scale_bytes_per_block(layers, kv_heads) if kv_format == "fp8_e4m3" else 0)
+
+
+def _format_of(dtype: torch.dtype, store_dtype: torch.dtype | None, kv_format: str | None) -> str:
+    """The format a pool's arguments ask for: kv_format, else what store_dtype implies."""
+    if kv_format is not None:
+        if kv_format not in quant.FORMATS:
+            raise ValueError(f"kv_format must be one of {quant.FORMATS}, got {kv_format!r}")
+        if store_dtype is not None and store_dtype != quant.host_dtype(kv_format, dtype):
+            raise ValueError(f"store_dtype {store_dtype} contradicts kv_format {kv_format!r}")
+        return kv_format
+    if store_dtype is None or store_dtype == dtype:
+        return "auto"
+    if quant.is_quantized(store_dtype, dtype):
+        return "fp8_e4m3"
+    raise ValueError(f"host blocks store {dtype}, fp8 e4m3 or int4 (quantized; kv_format='int4'), not {store_dtype}")
 
 
 def _available_ram_bytes() -> int:

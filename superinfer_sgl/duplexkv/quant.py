@@ -15,6 +15,9 @@ finite (a NaN or inf in a block makes the block's values undefined).
 Host block codes are stored as float8_e4m3fn (viewed as uint8 for indexing, which CPU torch lacks
 for fp8). Only the `torch` and Triton transfer paths implement it (`naive` is the stock-swap
 baseline and stays bit-exact).
+
+The int4 host format (`int4`: 4-bit codes, a scale byte per group of 32 values of a row) is
+quant_int4.py's; this module names the formats (FORMATS) and their host dtypes for both.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ FP8_MAX = 448.0  # largest finite e4m3fn value
 FP8_DTYPE = torch.float8_e4m3fn
 MIN_SCALE_EXP = -126  # scales stay normal float32 numbers, so 1/s is one too
 SCALE_DTYPE = torch.float32
-# --rotary-kv-dtype values (config.ROTARY_KV_DTYPES) -> host block dtype; None = the device's dtype
-HOST_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": FP8_DTYPE}
+# --rotary-kv-dtype values (config.ROTARY_KV_DTYPES) -> host block dtype; None = the device's dtype.
+# int4 blocks are bytes: packed codes and their scale bytes (quant_int4.py).
+HOST_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": FP8_DTYPE, "int4": torch.uint8}
+FORMATS = tuple(HOST_DTYPES)
+LOSSY_FORMATS = ("fp8_e4m3", "int4")  # a rotation through these changes the KV (within their bounds)
 
 
 def host_dtype(rotary_kv_dtype: str, device_dtype: torch.dtype) -> torch.dtype:
@@ -39,7 +45,8 @@ def host_dtype(rotary_kv_dtype: str, device_dtype: torch.dtype) -> torch.dtype:
     if not device_dtype.is_floating_point or torch.empty((), dtype=device_dtype).element_size() < 2:
         raise ValueError(
             f"--rotary-kv-dtype {rotary_kv_dtype} needs a 16- or 32-bit float device KV cache, not {device_dtype} "
-            "(an fp8 KV cache is already 1 byte per value: use --rotary-kv-dtype auto)"
+            "(an fp8 KV cache is already 1 byte per value: use --rotary-kv-dtype auto; the host formats "
+            "quantize 16/32-bit floats only)"
         )
     return dtype
 

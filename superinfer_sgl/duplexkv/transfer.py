@@ -18,8 +18,9 @@ waited for by the time the call returns).
                  different engines of the link
 On CUDA every path except torch is asynchronous with respect to the host (pinned host memory,
 non_blocking copies); the torch path's .cpu() synchronises its stream.
-With fp8 host blocks (HostKVPool.quantized, --rotary-kv-dtype fp8_e4m3) the torch and Triton paths
-quantize on the way out and dequantize on the way back (quant.py); naive refuses them.
+With fp8 or int4 host blocks (HostKVPool.quantized, --rotary-kv-dtype fp8_e4m3 / int4, or a class's
+rotary_kv_dtype) the torch and Triton paths quantize on the way out and dequantize on the way back
+(quant.py, quant_int4.py); naive refuses them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Protocol
 import torch
 
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
-from superinfer_sgl.duplexkv import quant
+from superinfer_sgl.duplexkv import quant, quant_int4
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 from superinfer_sgl.duplexkv.staging_ring import DEFAULT_RING_SLOTS, DEFAULT_SLOT_BYTES, StagingRing, runs
 from superinfer_sgl.registry import Registry
@@ -126,13 +127,31 @@ class _TorchFp8Path(_TorchPath):
                 bufs[layer].index_copy_(0, slots, rows.to(self.dev.device, non_blocking=True))
 
 
+class _TorchInt4Path(_TorchPath):
+    """The torch path into int4 host blocks: a row quantizes on its own (quant_int4.quantize: codes
+    and scale bytes in one uint8 row), so per layer and K/V the rows go to their host rows as they are."""
+
+    def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate((self.dev.k_buffers, self.dev.v_buffers)):
+                self.data[block, layer, kv, row] = quant_int4.quantize(bufs[layer].index_select(0, slots))
+
+    def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
+        block, row = self._rows(slots.numel(), blocks)
+        for layer in range(self.dev.layers):
+            for kv, bufs in enumerate((self.dev.k_buffers, self.dev.v_buffers)):
+                rows = quant_int4.dequantize(self.data[block, layer, kv, row], self.dev.head_dim, self.dev.dtype)
+                bufs[layer].index_copy_(0, slots, rows.to(self.dev.device, non_blocking=True))
+
+
 class _NaivePath(_TorchOpsPath):
     """The baseline: a copy per page per layer per K/V. A page whose slots form a contiguous run is one
     slice copy (as in a paged pool); a scattered page needs an index gather first."""
 
     def __init__(self, dev: DevicePoolView, host: HostKVPool, max_programs: int | None) -> None:
         if host.quantized:
-            raise ValueError("--kv-transfer naive copies bits; fp8 host blocks need torch or a triton path")
+            raise ValueError(f"--kv-transfer naive copies bits; {host.kv_format} host blocks need torch or a triton path")
         super().__init__(dev, host, max_programs)
 
     def _pages(self, slots: torch.Tensor, blocks: list[int]) -> Iterator[tuple[int, int, slice | torch.Tensor]]:
@@ -168,17 +187,13 @@ class _TritonDirectPath:
 
     def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
         d, h = self.dev, self.host
-        if h.quantized:
-            self.kernels.gather_kv_blocks_fp8(d.k_ptrs, d.v_ptrs, slots, h.data, h.scales, self._ids(blocks), **self.launch)
-        else:
-            self.kernels.gather_kv_blocks(d.k_ptrs, d.v_ptrs, slots, h.data, self._ids(blocks), **self.launch)
+        gather = _kernel(self.kernels, "gather", h)
+        gather(d.k_ptrs, d.v_ptrs, slots, *_host_tensors(h), self._ids(blocks), **self.launch)
 
     def to_device(self, blocks: list[int], slots: torch.Tensor) -> None:
         d, h = self.dev, self.host
-        if h.quantized:
-            self.kernels.scatter_kv_blocks_fp8(d.k_ptrs, d.v_ptrs, slots, h.data, h.scales, self._ids(blocks), **self.launch)
-        else:
-            self.kernels.scatter_kv_blocks(d.k_ptrs, d.v_ptrs, slots, h.data, self._ids(blocks), **self.launch)
+        scatter = _kernel(self.kernels, "scatter", h)
+        scatter(d.k_ptrs, d.v_ptrs, slots, *_host_tensors(h), self._ids(blocks), **self.launch)
 
 
 class _TritonDmaSerialPath(_TritonDirectPath):
@@ -188,7 +203,7 @@ class _TritonDmaSerialPath(_TritonDirectPath):
     def _staging(self, num_blocks: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         dev, host = self.dev.device, self.host
         pairs = [(torch.empty((num_blocks, *host.data.shape[1:]), dtype=host.data.dtype, device=dev), host.data)]
-        if host.quantized:
+        if host.scales is not None:
             pairs.append((torch.empty((num_blocks, *host.scales.shape[1:]), dtype=host.scales.dtype, device=dev),
                           host.scales))
         return pairs, torch.arange(num_blocks, device=dev)
@@ -196,7 +211,7 @@ class _TritonDmaSerialPath(_TritonDirectPath):
     def to_host(self, slots: torch.Tensor, blocks: list[int]) -> None:
         d = self.dev
         pairs, ids = self._staging(len(blocks))
-        gather = self.kernels.gather_kv_blocks_fp8 if self.host.quantized else self.kernels.gather_kv_blocks
+        gather = _kernel(self.kernels, "gather", self.host)
         gather(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
         for start, first, length in runs(blocks):
             for staged, host in pairs:
@@ -208,7 +223,7 @@ class _TritonDmaSerialPath(_TritonDirectPath):
         for start, first, length in runs(blocks):
             for staged, host in pairs:
                 staged[start : start + length].copy_(host[first : first + length], non_blocking=True)
-        scatter = self.kernels.scatter_kv_blocks_fp8 if self.host.quantized else self.kernels.scatter_kv_blocks
+        scatter = _kernel(self.kernels, "scatter", self.host)
         scatter(d.k_ptrs, d.v_ptrs, slots, *[staged for staged, _ in pairs], ids, **self.launch)
 
 
@@ -220,11 +235,11 @@ class _TritonRingPath(_TritonDirectPath):
                  ring_slots: int = DEFAULT_RING_SLOTS, ring_slot_bytes: int = DEFAULT_SLOT_BYTES,
                  directions: tuple[str, ...] = ("out", "in")) -> None:
         super().__init__(dev, host, max_programs)
-        tensors = [host.data, host.scales] if host.quantized else [host.data]
+        tensors = _host_tensors(host)
         self.rings = {d: StagingRing(tensors, dev.device, ring_slots, ring_slot_bytes) for d in directions}
 
     def _kernel(self, name: str):  # type: ignore[no-untyped-def]
-        kernel = getattr(self.kernels, f"{name}_kv_blocks_fp8" if self.host.quantized else f"{name}_kv_blocks")
+        kernel = _kernel(self.kernels, name, self.host)
         d = self.dev
         return lambda slots, *staged_and_ids: kernel(d.k_ptrs, d.v_ptrs, slots, *staged_and_ids, **self.launch)
 
@@ -244,6 +259,20 @@ class _TritonHybridPath(_TritonRingPath):
         super().__init__(dev, host, max_programs, directions=("in",), **ring)
 
     to_host = _TritonDirectPath.to_host
+
+
+_KERNEL_SUFFIX = {"auto": "", "fp8_e4m3": "_fp8", "int4": "_int4"}  # HostKVPool.kv_format -> kernels
+
+
+def _kernel(kernels, name: str, host: HostKVPool):  # type: ignore[no-untyped-def]
+    """superinfer_kernels' gather/scatter for the host pool's format."""
+    return getattr(kernels, f"{name}_kv_blocks{_KERNEL_SUFFIX[host.kv_format]}")
+
+
+def _host_tensors(host: HostKVPool) -> list[torch.Tensor]:
+    """The host tensors a kernel writes/reads and a DMA copies: the blocks, and fp8's scales beside
+    them (int4 keeps its scales inside the blocks)."""
+    return [host.data] if host.scales is None else [host.data, host.scales]
 
 
 def _import_kernels():
@@ -280,7 +309,7 @@ def make_path(transfer: str, dev: DevicePoolView, host: HostKVPool, max_programs
     if unknown:
         raise ValueError(f"unknown staging ring options {sorted(unknown)}: ring_slots, ring_slot_bytes")
     if transfer == "torch" and host.quantized:
-        return _TorchFp8Path(dev, host, max_programs)
+        return (_TorchInt4Path if host.kv_format == "int4" else _TorchFp8Path)(dev, host, max_programs)
     return PATHS[transfer](dev, host, max_programs, **(ring if transfer in RING_PATHS else {}))
 
 

@@ -209,6 +209,10 @@ class RotaSchedMetrics:
                                      multiprocess_mode="livesum")
         self.host_blocks_used = Gauge("superinfer_host_pool_blocks_used", "Host rotary blocks in use",
                                       multiprocess_mode="livesum")
+        self.host_bytes = Gauge("superinfer_host_kv_bytes",
+                                "Host bytes rotary KV holds, by SLO class and host format (auto, fp8_e4m3, int4; "
+                                "slo_class 'all' when every class rotates at one precision)",
+                                ["slo_class", "dtype"], multiprocess_mode="livesum")
         self.host_blocks_total = Gauge("superinfer_host_pool_blocks_total", "Host rotary blocks",
                                        multiprocess_mode="livesum")
         self.slo_requests = Counter("superinfer_slo_requests",
@@ -302,6 +306,8 @@ class RotaSchedMetrics:
         self.rotary_requests.set(fig.rotary)
         self.host_blocks_used.set(fig.host_blocks_used)
         self.host_blocks_total.set(fig.host_blocks_total)
+        for cls, fmt, nbytes in fig.host_bytes:
+            self.host_bytes.labels(cls, fmt).set(nbytes)
         try:
             self._update_headroom(fig)
         except Exception:  # observability must never take the scheduler down; say so once

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..duplexkv.by_format import EnginesByFormat
 from ..duplexkv.engine import HostKV, RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostPoolFull
 from ..duplexkv.streams import CopyEvent, RotationHandle
@@ -108,10 +109,20 @@ def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_blocks: int | N
     """Copy the request's newly filled blocks to host in the background (CPU: now). Safe to call
     before the next batch is built: every token before the last output token was written by a
     forward pass whose results SGLang has already processed."""
-    engine.track(req.rid)
+    track(engine, req)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
     engine.sync_full_blocks(req.rid, row, restorable_tokens(req), max_blocks=max_blocks)
     copy_metrics.publish(engine.copy_timer)  # rotation copies of earlier steps, read as they finished
+
+
+def track(engine: Any, req: Any) -> None:
+    """engine.track; with one engine per KV precision (EnginesByFormat), at the request's class's."""
+    if not isinstance(engine, EnginesByFormat):
+        engine.track(req.rid)
+        return
+    params = getattr(req.sampling_params, "custom_params", None)
+    cls = params.get("slo_class") if isinstance(params, dict) else None
+    engine.track_class(req.rid, cls if isinstance(cls, str) else None)
 
 
 def can_rotate(req: Any) -> bool:
@@ -186,7 +197,7 @@ def out_item(sched: Any, req: Any, engine: RotationEngine) -> RotateOut:
     stream, which the copy waits for), so releasing the request's req_to_token row cannot change them."""
     n = restorable_tokens(req)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-    engine.track(req.rid)  # idempotent: eager sync may not have reached this request yet
+    track(engine, req)  # idempotent: eager sync may not have reached this request yet
     # Blocks the eager sync already copied are reused; only the unsynced tail moves now.
     return RotateOut(req.rid, row[:n].clone(), n)
 
@@ -350,8 +361,7 @@ def release(sched: Any, req: Any) -> None:
 
 
 def _prefix(host_kv: HostKV, n: int) -> HostKV:
-    blocks = -(-n // host_kv.block_tokens)
-    return HostKV(host_kv.block_ids[:blocks], n, host_kv.block_tokens)
+    return host_kv.prefix(n)  # same blocks' pool (kv_format)
 
 
 def device_kv_digest(sched: Any, req: Any, n: int) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
+from ..duplexkv.by_format import EnginesByFormat
 from ..duplexkv.host_pool import HostKVPool
 from ..duplexkv.link_probe import measure_link
 from .kv_adapter import UnsupportedKVPool, device_pool_view
@@ -57,12 +58,19 @@ def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
     except UnsupportedKVPool as exc:
         logger.warning("superinfer: rotation disabled: %s", exc)
         return EngineSetup(None, str(exc))
-    host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
-                                 free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
-    engine = RotationEngine(dev, host, cfg.kv_transfer)
+    formats = cfg.rotary_kv_formats()  # --rotary-kv-dtype first, then the classes' own precisions
+    if len(formats) == 1:
+        host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
+                                     free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
+        engine = RotationEngine(dev, host, cfg.kv_transfer)
+    else:  # a host pool and an engine per precision; requests routed by class (duplexkv/by_format.py)
+        pools = HostKVPool.for_formats(dev, cfg.rotary_block_tokens, formats,
+                                       free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
+        engine = EnginesByFormat(dev, pools, cfg.rotary_kv_dtype, cfg.kv_transfer,
+                                 class_formats=cfg.class_rotary_kv_dtypes())
     link = None
     if cfg.rotation_budget_blocks is None:  # auto: from the link's measured speed
-        link = measure_link(engine)
+        link = measure_link(engine.primary if isinstance(engine, EnginesByFormat) else engine)  # it resets counters
         logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", link / 1e9)
     return EngineSetup(engine, None, link)
 

@@ -42,6 +42,9 @@ class StepFigures:
     host_blocks_used: int
     host_blocks_total: int
     kv_bytes: KvBytes | None  # None: rotation off
+    # Host bytes rotary KV holds now, by (SLO class, host format): per class with a precision per
+    # class (EnginesByFormat), else one row ("all", the pool's format)
+    host_bytes: tuple[tuple[str, str, int], ...]
     queued: int  # waiting and rotary requests: under a backlog the headroom gauges refresh less often
     queue_views: Callable[[], list[ReqView]]
     vlt: VltParams
@@ -55,9 +58,21 @@ def step_figures(sched: Any, engine: RotationEngine | None, clocks: Clocks, stor
     kv = None if engine is None else KvBytes(engine.bytes_out, engine.bytes_eager_out, engine.bytes_in,
                                              engine.bytes_prefetched)
     queued = len(sched.waiting_queue) + len(store.entries)
-    return StepFigures(stats, budget, clocks.link_bytes_per_s, len(store.entries), used, total, kv, queued,
+    return StepFigures(stats, budget, clocks.link_bytes_per_s, len(store.entries), used, total, kv,
+                       host_bytes(engine, used), queued,
                        lambda: queue_views(sched, clocks, store, clip), vlt,
                        GoodputParams(clocks.meter.costs, best_effort_wait_s))
+
+
+def host_bytes(engine: Any, used_blocks: int) -> tuple[tuple[str, str, int], ...]:
+    """(SLO class, host format, bytes held) rows for the host-bytes gauge."""
+    if engine is None:
+        return ()
+    by_class = getattr(engine, "host_bytes_held", None)  # EnginesByFormat: a pool per format
+    if by_class is not None:
+        return tuple((cls, fmt, int(n)) for (cls, fmt), n in sorted(by_class.items()))
+    pool = engine.host_pool
+    return (("all", pool.kv_format, used_blocks * pool.bytes_per_block),)
 
 
 def queue_views(sched: Any, clocks: Clocks, store: RotaryStore, clip: int) -> list[ReqView]:

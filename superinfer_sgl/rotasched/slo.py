@@ -140,11 +140,39 @@ class Slo:
 DEFAULT_SLO = Slo(ttft_ms=5000.0, tbt_ms=100.0)  # paper defaults: TTFT 5 s, TBT 100 ms
 
 
-class SloClasses(Mapping[str, Slo]):
-    """Named SLO classes (e.g. interactive chat vs batch extraction) served by one server."""
+ROTARY_KV_DTYPE_KEY = "rotary_kv_dtype"
+# The KV precisions of rotated-out requests (--rotary-kv-dtype and a class's rotary_kv_dtype); defined
+# here, where classes are parsed, and re-exported by config (which imports this module).
+ROTARY_KV_DTYPES = ("auto", "fp8_e4m3", "int4")
 
-    def __init__(self, classes: Mapping[str, Slo]) -> None:
+
+class SloClasses(Mapping[str, Slo]):
+    """Named SLO classes (e.g. interactive chat vs batch extraction) served by one server.
+
+    A class may also name the precision its requests' KV rotates at (`rotary_kv_dtypes`: class ->
+    a --rotary-kv-dtype value, config.ROTARY_KV_DTYPES); a class without one inherits the server's
+    --rotary-kv-dtype (rotary_kv_dtype(name, default))."""
+
+    def __init__(self, classes: Mapping[str, Slo], rotary_kv_dtypes: Mapping[str, str] | None = None) -> None:
         self._classes = dict(classes)
+        self._kv_dtypes = dict(rotary_kv_dtypes or {})
+        stray = sorted(set(self._kv_dtypes) - set(self._classes))
+        if stray:
+            raise SloError(f"{stray[0]}.{ROTARY_KV_DTYPE_KEY}", "no such class")
+
+    def rotary_kv_dtype(self, name: str | None, default: str) -> str:
+        """The KV precision a request of class `name` rotates at: its class's, else `default` (the
+        server's --rotary-kv-dtype; also for no class or a class this server does not know)."""
+        return self._kv_dtypes.get(name, default) if name is not None else default
+
+    def rotary_kv_dtypes(self, default: str) -> dict[str, str]:
+        """Every class's rotation precision, inherited ones resolved to `default`."""
+        return {name: self.rotary_kv_dtype(name, default) for name in self._classes}
+
+    def kv_formats(self, default: str) -> tuple[str, ...]:
+        """The distinct rotation precisions in use: `default` (requests without a class) first,
+        then the classes' in class order."""
+        return tuple(dict.fromkeys([default, *self.rotary_kv_dtypes(default).values()]))
 
     def __getitem__(self, name: str) -> Slo:
         return self._classes[name]
@@ -156,19 +184,26 @@ class SloClasses(Mapping[str, Slo]):
         return len(self._classes)
 
     def __repr__(self) -> str:
-        return f"SloClasses({self._classes!r})"
+        extra = f", rotary_kv_dtypes={self._kv_dtypes!r}" if self._kv_dtypes else ""
+        return f"SloClasses({self._classes!r}{extra})"
 
     @classmethod
     def parse(cls, text_or_path: str, default: Slo = DEFAULT_SLO) -> SloClasses:
-        """Read a JSON object (inline, or a path to a file) of name -> {ttft_ms, tbt_ms, weight}.
+        """Read a JSON object (inline, or a path to a file) of name -> {ttft_ms, tbt_ms, weight,
+        rotary_kv_dtype}.
 
         A class may omit one of the two SLO keys; it then falls back to `default`. `weight`
-        (optional, default 1) scales the class's urgency in the goodput policy.
+        (optional, default 1) scales the class's urgency in the goodput policy. `rotary_kv_dtype`
+        (optional: auto, fp8_e4m3 or int4) is the precision its requests' KV rotates at; without
+        it the class inherits --rotary-kv-dtype.
         """
         raw = load_json(text_or_path)
         if not isinstance(raw, dict):
             raise SloError("slo_classes", "expected a JSON object of name -> {ttft_ms, tbt_ms}")
-        return cls({name: _parse_class(name, body, default) for name, body in raw.items()})
+        classes = {name: _parse_class(name, body, default) for name, body in raw.items()}
+        kv_dtypes = {name: _kv_dtype(name, body[ROTARY_KV_DTYPE_KEY]) for name, body in raw.items()
+                     if ROTARY_KV_DTYPE_KEY in body}
+        return cls(classes, kv_dtypes)
 
 
 def load_json(text_or_path: str, option: str = "slo_classes") -> object:
@@ -212,14 +247,21 @@ def _parse_class(name: str, body: object, default: Slo) -> Slo:
         raise SloError("slo_classes", "class name must be non-empty")
     if not isinstance(body, dict):
         raise SloError(name, "expected an object with ttft_ms and/or tbt_ms")
-    unknown = sorted(set(body) - {"ttft_ms", "tbt_ms", "weight"})
+    unknown = sorted(set(body) - {"ttft_ms", "tbt_ms", "weight", ROTARY_KV_DTYPE_KEY})
     if unknown:
-        raise SloError(f"{name}.{unknown[0]}", "unknown key; expected ttft_ms, tbt_ms or weight")
+        raise SloError(f"{name}.{unknown[0]}", f"unknown key; expected ttft_ms, tbt_ms, weight or {ROTARY_KV_DTYPE_KEY}")
     if not body.keys() & {"ttft_ms", "tbt_ms"}:
         raise SloError(name, "set ttft_ms, tbt_ms or both")
     ttft = _slo_ms(f"{name}.ttft_ms", body["ttft_ms"]) if "ttft_ms" in body else default.ttft_ms
     tbt = _slo_ms(f"{name}.tbt_ms", body["tbt_ms"]) if "tbt_ms" in body else default.tbt_ms
     return Slo(ttft, tbt, _positive(f"{name}.weight", body.get("weight", 1.0)))
+
+
+def _kv_dtype(name: str, value: object) -> str:
+    if not isinstance(value, str) or value not in ROTARY_KV_DTYPES:
+        raise SloError(f"{name}.{ROTARY_KV_DTYPE_KEY}",
+                       f"expected one of {', '.join(ROTARY_KV_DTYPES)} (auto: exact), got {value!r}")
+    return value
 
 
 def resolve_slo(
