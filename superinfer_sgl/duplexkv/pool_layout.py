@@ -13,10 +13,21 @@ K/V pair per layer). A layout names a pool's planes:
        layer count the last layer is paired with itself: copied twice (1/layers more host bytes and
        link bytes; both copies are equal, so writing it back twice leaves the same bytes).
 
+  swa  SWAKVPool (sliding-window models): two MHATokenToKVPool sub-pools with slot spaces of their own.
+       The full-attention sub-pool is indexed by the request's (full) slots, like an mha pool: its
+       layout is `SWALayout.full`, moved by the engine for every token. The window sub-pool is
+       indexed by `full_to_swa_index_mapping[full slot]` (0: no window slot, SGLang's padding
+       row) and holds only the tokens still in the window: `SWALayout.window`, moved by
+       `save_window`/`load_window` below for the live suffix of the request only (tokens that left
+       the window need no copy; docs/models.md, "Sliding-window pools").
+
 Only these exact classes rotate: a subclass may lay out or quantize its buffers differently
 (MHATokenToKVPoolFP4, MHATokenToKVPoolMXFP8, PageMajorMHATokenToKVPool, MLATokenToKVPoolFP4,
 DSATokenToKVPool, the Unified* and NPU pools). Every other pool is refused by name with the reason
 (`unsupported_reason`); the server then runs RotaSched without rotation (paused requests recompute).
+An SWAKVPool has a layout (`swa_layout_of`) but no single-index engine view: `layout_of` and
+`unsupported_reason` refuse it until the runtime drives its window side (`swa_unsupported_reason`
+says whether its layout can rotate at all).
 """
 
 from __future__ import annotations
@@ -36,9 +47,11 @@ _OFF = "rotation is off (RotaSched still schedules; a paused request is recomput
 _REFUSED = {
     "SWAKVPool": (
         "a sliding-window pool: full-attention and window layers live in two sub-pools with separate slot "
-        "spaces (the allocator's full-to-window index map), and the window slots of tokens that left the "
-        "window are freed while the request runs; a resume would have to rebuild that map, the request's "
-        "SWA evicted length and the radix tree's window tombstones, which DuplexKV does not do"),
+        "spaces (the allocator's full-to-window index map); DuplexKV has its layout (pool_layout.SWALayout: "
+        "the full sub-pool by the engine, the window suffix by save_window/load_window), but the runtime's "
+        "rotation path does not yet allocate the window slots, rebuild the map or insert the window "
+        "tombstones on resume (integration/kv_adapter.SWAWindowRotation), so one engine view would drop the "
+        "window layers"),
     "HybridLinearKVPool": (
         "a hybrid linear-attention pool: the recurrent (Mamba/linear) state is kept per request, not per "
         "token, and DuplexKV moves token rows only"),
@@ -101,6 +114,8 @@ def _why_not(pool: Any, name: str) -> str | None:
         return (f"the KV cache is quantized with scale buffers ({', '.join(scales) or 'a quant method'}; e.g. "
                 "FP4 KV): rotation would move the codes without their scales (serve with a bf16/fp16/fp8 KV "
                 "cache to rotate)")
+    if name == "SWAKVPool":
+        return swa_why_not(pool) or _REFUSED[name]
     if name in _REFUSED:
         return _REFUSED[name]
     if name == "MHATokenToKVPool":
@@ -164,3 +179,159 @@ def _dcp_span(pool: Any) -> int:
         return int(getattr(pool, "_write_loc_dcp_span", 1))
     except RuntimeError:
         return 1
+
+
+# ---- sliding-window pools (SWAKVPool) -------------------------------------------------------------
+class WindowNotRestorable(ValueError):
+    """A request's window rows cannot be saved losslessly (a hole inside its window): recompute it."""
+
+
+@dataclass(frozen=True)
+class SWALayout:
+    """An SWAKVPool as DuplexKV moves it. `full`: the full-attention sub-pool, rows indexed by the
+    request's slots (what the engine moves, for every token). `window`: the sliding-window sub-pool,
+    rows indexed by `mapping[slot]`; `mapping[slot] == 0` (SGLang's padding row) means the token has no
+    window row: it left the window and SGLang freed it (or never gave it one)."""
+
+    pool_class: str
+    full: PoolLayout
+    window: PoolLayout
+    mapping: torch.Tensor  # SGLang's full_to_swa_index_mapping (int64, on the device; its last entry is -1)
+    page_size: int
+
+    @property
+    def window_row_bytes(self) -> int:
+        """Bytes one token's window rows take (every window layer, K and V)."""
+        return self.window.payload_bytes_per_token
+
+
+@dataclass(frozen=True)
+class HostWindow:
+    """The window rows of a rotated-out request: tokens [start, num_tokens) of its KV row, every window
+    layer's K and V rows in token order (host tensors of the pool's dtype). Tokens before `start` had
+    left the window: nothing of theirs is kept, and a resume marks them evicted."""
+
+    start: int
+    num_tokens: int
+    k: tuple[torch.Tensor, ...]  # per window layer [num_tokens - start, heads, dim]
+    v: tuple[torch.Tensor, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.num_tokens - self.start
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def prefix(self, n: int) -> HostWindow:
+        """The window of the first n tokens (a resume that restores a page-aligned prefix); its start
+        never passes n (a window entirely past n restores no window row)."""
+        if not 0 <= n <= self.num_tokens:
+            raise ValueError(f"prefix of {n} tokens of a {self.num_tokens}-token window")
+        start = min(self.start, n)
+        rows = n - start
+        return HostWindow(start, n, tuple(t[:rows] for t in self.k), tuple(t[:rows] for t in self.v))
+
+
+def swa_layout_of(pool: Any) -> SWALayout:
+    """The two sub-pool layouts and the index map of an SWAKVPool, or UnrotatablePool with the reason."""
+    name = type(pool).__name__
+    why = swa_why_not(pool) if name == "SWAKVPool" else "not an SWAKVPool"
+    if why is not None:
+        raise UnrotatablePool(f"{name}: {why}; {_OFF}")
+    return SWALayout(name, layout_of(pool.full_kv_pool), layout_of(pool.swa_kv_pool),
+                     pool.full_to_swa_index_mapping, int(pool.page_size))
+
+
+def swa_unsupported_reason(pool: Any) -> str | None:
+    """Why DuplexKV cannot rotate this SWAKVPool's layout at all (naming the class), or None."""
+    why = swa_why_not(pool)
+    return None if why is None else f"{type(pool).__name__}: {why}; {_OFF}"
+
+
+def swa_why_not(pool: Any) -> str | None:
+    full, window = getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)
+    if full is None or window is None:
+        return "a sliding-window pool without its full_kv_pool/swa_kv_pool sub-pools"
+    if getattr(pool, "swa_req_ring_size", None) is not None:
+        return "a sliding-window pool with a per-request window ring (addressed by request, not by token slot)"
+    if getattr(pool, "request_window", None) is not None or getattr(pool, "swa_uses_full_indices", False):
+        return "a sliding-window pool whose window rows are not addressed through the full-to-window map"
+    if getattr(pool, "full_layer_nums", 0) == 0:
+        return "an all-sliding-window pool (no full-attention sub-pool; its allocator maps slots one to one)"
+    if getattr(pool, "full_to_swa_index_mapping", None) is None:
+        return "a sliding-window pool whose allocator has not registered the full-to-window map"
+    for role, sub in (("full-attention", full), ("window", window)):
+        sub_name = type(sub).__name__
+        if sub_name != "MHATokenToKVPool":
+            return (f"a sliding-window pool whose {role} sub-pool is a {sub_name}: DuplexKV rotates two "
+                    "MHATokenToKVPool sub-pools")
+        why = _why_not(sub, sub_name)
+        if why is not None:
+            return f"a sliding-window pool whose {role} sub-pool cannot rotate ({why})"
+    return None
+
+
+def window_start(mapping: torch.Tensor, slots: torch.Tensor, num_tokens: int, page_size: int = 1,
+                 retain: int | None = None) -> int:
+    """First token of the window a rotated-out request keeps: the start of the last run of tokens that
+    still have window rows (`mapping[slot] > 0`), raised to SGLang's own retention boundary when
+    `retain` (the tree's swa_retain_window) is given: floor_page(n - ceil_page(max(retain, page))),
+    the point below which SGLang frees a running request's window rows itself
+    (mem_cache/common.py, free_swa_out_of_window_slots). Tokens before it need no copy. Page-aligned
+    (a run starting inside a page starts at the next page: its first rows count as left)."""
+    n = int(num_tokens)
+    if n == 0:
+        return 0
+    live = (mapping[slots[:n].to(mapping.device, torch.int64)] > 0).cpu()
+    dead = torch.nonzero(~live).flatten()
+    start = int(dead[-1]) + 1 if dead.numel() else 0
+    start = min(n, -(-start // page_size) * page_size)  # SGLang frees window rows by whole pages
+    if retain is not None:
+        keep = -(-max(int(retain), page_size) // page_size) * page_size
+        start = max(start, max(0, n - keep) // page_size * page_size)
+    return start
+
+
+def save_window(layout: SWALayout, slots: torch.Tensor, num_tokens: int, start: int,
+                pin: bool = False) -> HostWindow:
+    """Copy the window rows of tokens [start, num_tokens) (slots: the request's full-pool slots) to host,
+    byte for byte, and wait. WindowNotRestorable when one of them has no window row."""
+    n = int(num_tokens)
+    if not 0 <= start <= n <= slots.numel():
+        raise ValueError(f"window [{start}, {n}) outside {slots.numel()} slots")
+    rows = layout.mapping[slots[start:n].to(layout.mapping.device, torch.int64)]
+    if bool((rows <= 0).any()):
+        hole = start + int(torch.nonzero(rows <= 0).flatten()[0])
+        raise WindowNotRestorable(f"token {hole} inside the window [{start}, {n}) has no window row")
+
+    def host(plane: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((n - start, *plane.shape[1:]), dtype=plane.dtype, device="cpu", pin_memory=pin)
+        # raw bytes: a copy of values could canonicalize NaN payloads
+        out.view(torch.uint8).copy_(plane.view(torch.uint8).index_select(0, rows), non_blocking=pin)
+        return out
+
+    k = tuple(host(p) for p in layout.window.k_planes)
+    v = tuple(host(p) for p in layout.window.v_planes)
+    if pin and layout.mapping.is_cuda:
+        torch.cuda.current_stream(layout.mapping.device).synchronize()
+    return HostWindow(start, n, k, v)
+
+
+def load_window(layout: SWALayout, window: HostWindow, slots: torch.Tensor) -> None:
+    """Write a saved window back into the window rows that `mapping` now gives slots[start:num_tokens]
+    (the resume allocated and mapped them: kv_adapter.SWAWindowRotation.alloc). Tokens before
+    `start` must have no window row (mapping 0): attention never reads them, and SGLang treats them as
+    evicted."""
+    n, start = window.num_tokens, window.start
+    if slots.numel() != n:
+        raise ValueError(f"{slots.numel()} slots for a {n}-token window")
+    idx = slots.to(layout.mapping.device, torch.int64)
+    rows = layout.mapping[idx[start:]]
+    if bool((rows <= 0).any()) or bool((layout.mapping[idx[:start]] != 0).any()):
+        raise ValueError(f"the window slots of tokens [{start}, {n}) are not mapped as allocated "
+                         "(only they may have window rows)")
+    for plane, saved in (*zip(layout.window.k_planes, window.k), *zip(layout.window.v_planes, window.v)):
+        plane.view(torch.uint8).index_copy_(0, rows, saved.view(torch.uint8).to(plane.device,
+                                                                               non_blocking=saved.is_pinned()))

@@ -1,12 +1,20 @@
 """Adapter from SGLang's device KV pool to DuplexKV's sglang-free DevicePoolView (which pools rotate,
-and which buffers are copied of each: duplexkv/pool_layout.py)."""
+and which buffers are copied of each: duplexkv/pool_layout.py), and the SGLang side of rotating a
+sliding-window pool (`SWAWindowRotation`: the window sub-pool's slots, the full-to-window map and the
+radix tree's window boundary)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..duplexkv.device_pool import DevicePoolView
-from ..duplexkv.pool_layout import UnrotatablePool, layout_of
+from ..duplexkv.pool_layout import (HostWindow, SWALayout, UnrotatablePool, WindowNotRestorable, layout_of,
+                                    load_window, save_window, swa_layout_of, window_start)
+
+__all__ = ["HostWindow", "SWAWindowRotation", "UnsupportedKVPool", "WindowNotRestorable", "device_pool_view",
+           "kv_pool_name"]
 
 
 class UnsupportedKVPool(RuntimeError):
@@ -26,3 +34,93 @@ def device_pool_view(kvcache: Any) -> DevicePoolView:
 def kv_pool_name(kvcache: Any) -> str:
     """The pool class as the handshake names it."""
     return type(kvcache).__name__
+
+
+class SWAWindowRotation:
+    """Rotating requests of a sliding-window model (SGLang's SWAKVPool + SWATokenToKVPoolAllocator).
+
+    The engine moves the full-attention sub-pool over the request's slots (`device_pool_view`), like
+    any MHA pool. This class moves the rest, synchronously on the current stream:
+
+    out  `save(slots, n)`: the window rows of tokens [start, n), start = `window_start` (the last run of
+         tokens the allocator still maps to window rows, no earlier than SGLang's own retention
+         boundary for `retain` = the tree's swa_retain_window). Tokens before it left the window:
+         not copied. Then the request is released as SGLang's retraction does (release_req frees the
+         full slots, and the window slots it still holds).
+    in   `alloc(n, start)`: full slots for n tokens and window slots for [start, n) only, the map
+         set for those and 0 (no window row, SGLang's evicted marker) for the rest, exactly as
+         SGLang's own restore of a retracted request (alloc_extend_swa_tail) leaves it; then the
+         engine loads the full rows and `load(window, slots)` the window rows; then
+         `insert_params(key, slots, start)` puts them in the radix tree with the SWA evicted length
+         `start`, so [0, start) become window tombstones and the request's admission matches the
+         restored prefix with its live window, and never reads a window row before `start`.
+    `free(slots, start)` gives back what `alloc` took (a resume that did not happen)."""
+
+    def __init__(self, allocator: Any, retain: int | None = None) -> None:
+        self.allocator = allocator
+        self.layout: SWALayout = swa_layout_of(allocator.get_kvcache())  # UnrotatablePool: refused
+        if self.layout.mapping is not getattr(allocator, "full_to_swa_index_mapping", None):
+            raise UnrotatablePool(f"{type(allocator).__name__}: its full-to-window map is not the pool's")
+        self.retain = retain
+        self.page_size = int(allocator.page_size)
+
+    @classmethod
+    def for_scheduler(cls, sched: Any) -> SWAWindowRotation:
+        tree = sched.tree_cache
+        return cls(sched.token_to_kv_pool_allocator, getattr(tree, "sliding_window_size", None))
+
+    def device_pool_view(self) -> DevicePoolView:
+        """What the engine moves: the full-attention sub-pool, indexed by the request's slots."""
+        return DevicePoolView.from_layout(self.layout.full, self.allocator.get_kvcache().full_kv_pool)
+
+    # ---- out
+    def window_start(self, slots: torch.Tensor, num_tokens: int) -> int:
+        return window_start(self.layout.mapping, slots, num_tokens, self.page_size, self.retain)
+
+    def save(self, slots: torch.Tensor, num_tokens: int, pin: bool = False) -> HostWindow:
+        """The window rows of a running request's first num_tokens tokens, on host (WindowNotRestorable:
+        a hole inside its window; recompute it instead)."""
+        return save_window(self.layout, slots, num_tokens, self.window_start(slots, num_tokens), pin)
+
+    # ---- in
+    def alloc(self, num_tokens: int, start: int) -> torch.Tensor | None:
+        """Full slots for num_tokens tokens, with window rows for tokens [start, num_tokens) only; None
+        (nothing taken) when either sub-pool lacks room. Page size > 1: both bounds must be
+        page-aligned (a resume restores whole pages; SGLang frees window rows by whole pages)."""
+        n, page = int(num_tokens), self.page_size
+        if not 0 <= start <= n or n % page or start % page:
+            raise ValueError(f"window [{start}, {n}) not page-aligned (page {page})")
+        full_alloc, window_alloc = self.allocator.full_attn_allocator, self.allocator.swa_attn_allocator
+        if n > full_alloc.available_size() or n - start > window_alloc.available_size():
+            return None
+        slots = full_alloc.alloc(n) if n else torch.empty(0, dtype=torch.int64)
+        if slots is None:
+            return None
+        rows = window_alloc.alloc(n - start) if n > start else torch.empty(0, dtype=torch.int64)
+        if rows is None:
+            full_alloc.free(slots)
+            return None
+        slots = slots.to(torch.int64)
+        self.allocator.clear_full_to_swa_mapping(slots[:start])  # freed full slots are unmapped already
+        self.allocator.set_full_to_swa_mapping(slots[start:], rows)
+        return slots
+
+    def load(self, window: HostWindow, slots: torch.Tensor) -> None:
+        load_window(self.layout, window, slots)
+
+    def free(self, slots: torch.Tensor, start: int) -> None:
+        """Give back a resume's slots: window rows and their map entries of [start, n), then every full
+        slot (as SGLang's free_kv_row_segments frees a row whose prefix has no window rows)."""
+        slots = slots.to(torch.int64)
+        if start < slots.numel():
+            self.allocator.free_swa_segment(slots[start:], start_pos=start)
+        self.allocator.free_full(slots)
+
+    def insert_params(self, key: Any, slots: torch.Tensor, start: int) -> Any:
+        """SGLang's InsertParams for the restored prefix: tokens [0, start) go in as window tombstones."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        params = InsertParams(key=key, value=slots.to(torch.int64), prev_prefix_len=0)
+        params.set_evicted_seqlen(ComponentType.SWA, start)
+        return params
