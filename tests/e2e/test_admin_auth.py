@@ -89,3 +89,29 @@ def test_the_keys_unlock_what_they_should(server: Server) -> None:
     assert r.status_code == 200, r.text
     assert _call(server, "POST", "/flush_cache", ADMIN_KEY).status_code == 200
     assert _call(server, "POST", "/generate", ADMIN_KEY).status_code == 401  # the admin key is not a user key
+
+
+@pytest.mark.parametrize("api_key, admin_key", [(None, None), (API_KEY, None), (None, ADMIN_KEY),
+                                                (API_KEY, ADMIN_KEY)])
+def test_admin_endpoints_under_each_key_configuration(api_key: str | None, admin_key: str | None) -> None:
+    """Without a server: SGLang's own decision (`decide_request_auth`, which its middleware calls) for
+    every admin route, under each of the four key configurations (docs/reliability.md's table). Pins
+    what SGLang 0.5.23 does; an upgrade that changes it fails here."""
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    def allowed(method: str, path: str, level: str, key: str | None) -> bool:
+        return decide_request_auth(method=method, path=path, authorization_header=f"Bearer {key}" if key else None,
+                                   api_key=api_key, admin_api_key=admin_key, auth_level=AuthLevel(level)).allowed
+
+    admin = [(m, p, level) for m, p, level in _routes() if level.startswith("admin") and m != "HEAD"]
+    assert {p for _, p, _ in admin} >= set(MUST_BE_ADMIN)
+    for method, path, level in admin:
+        anyone, user, owner = (allowed(method, path, level, k) for k in (None, API_KEY, ADMIN_KEY))
+        if level == "admin_force":  # only the admin key, and only when one is set
+            assert (anyone, user, owner) == (False, False, admin_key is not None), (path, level)
+        elif admin_key:  # admin_optional with an admin key: that key only
+            assert (anyone, user, owner) == (False, False, True), (path, level)
+        elif api_key:  # admin_optional, only --api-key: the user key opens it
+            assert (anyone, user, owner) == (False, True, False), (path, level)
+        else:  # no key at all: open to anyone who reaches the port
+            assert (anyone, user, owner) == (True, True, True), (path, level)

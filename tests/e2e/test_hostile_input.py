@@ -266,6 +266,12 @@ CASES: list[tuple[str, str, dict[str, str], bytes, str]] = [
     ("chat-max-completion-tokens-zero", CHAT, {}, _chat(max_completion_tokens=0),
      "max_completion_tokens must be at least 1"),
     ("chat-max-tokens-zero", CHAT, {}, _chat(max_tokens=0), "max_tokens must be at least 1"),
+    # found by schemathesis (seed 2026, 600 examples): no choices asked for, then the first indexed (500)
+    ("comp-n-zero-batch", COMP, {}, json.dumps({"model": "default", "prompt": ["a", "b"], "max_tokens": 1,
+                                                 "n": 0}).encode(), "n must be at least 1, got 0"),
+    ("comp-n-zero", COMP, {}, _comp(n=0), "n must be at least 1, got 0"),
+    ("comp-n-negative", COMP, {}, _comp(n=-3), "n must be at least 1, got -3"),
+    ("chat-n-zero", CHAT, {}, _chat(n=0), "n must be at least 1, got 0"),
 ]
 
 

@@ -221,6 +221,16 @@ def test_a_zero_chat_budget_is_refused(fields: dict, error: str | None) -> None:
         assert message.startswith(error)
 
 
+@pytest.mark.parametrize("n, ok", [(0, False), (-1, False), (-(2**40), False), (1, True), (2, True), (None, True),
+                                   (True, True)])  # a boolean is pydantic's business, not a count here
+def test_fewer_than_one_choice_is_refused(n: object, ok: bool) -> None:
+    # found by schemathesis: /v1/completions {"prompt": ["a", "b"], "max_tokens": 1, "n": 0} was a 500
+    message = http_guard.choices_error(SimpleNamespace(n=n))
+    assert (message is None) == ok
+    if not ok:
+        assert message == f"n must be at least 1, got {n}"
+
+
 @pytest.mark.parametrize("fields, ok", [
     ({"text": "hi", "rid": ["a"]}, False),
     ({"text": "hi", "rid": "a"}, True),
