@@ -25,9 +25,10 @@ Only these exact classes rotate: a subclass may lay out or quantize its buffers 
 (MHATokenToKVPoolFP4, MHATokenToKVPoolMXFP8, PageMajorMHATokenToKVPool, MLATokenToKVPoolFP4,
 DSATokenToKVPool, the Unified* and NPU pools). Every other pool is refused by name with the reason
 (`unsupported_reason`); the server then runs RotaSched without rotation (paused requests recompute).
-An SWAKVPool has a layout (`swa_layout_of`) but no single-index engine view: `layout_of` and
-`unsupported_reason` refuse it until the runtime drives its window side (`swa_unsupported_reason`
-says whether its layout can rotate at all).
+An SWAKVPool rotates through its two layouts (`swa_layout_of`; the runtime drives the window side with
+integration/kv_adapter.SWAWindowRotation): `unsupported_reason` names only the SWA pools it cannot
+rotate (`swa_why_not`), and `layout_of` gives it no single-index layout (one view would drop the
+window layers).
 """
 
 from __future__ import annotations
@@ -44,14 +45,10 @@ ROTATABLE = ("MHATokenToKVPool", "MLATokenToKVPool")
 _OFF = "rotation is off (RotaSched still schedules; a paused request is recomputed, not rotated)"
 
 # Pools seen in SGLang 0.5.23 that hold more than token rows of per-layer buffers, and why that stops us.
+# (SWAKVPool rotates through SWALayout: only the SWA variants `swa_why_not` names are refused.)
+_OTHER_SWA = ("a sliding-window pool of a class DuplexKV does not rotate (it rotates SGLang's SWAKVPool: two "
+              "MHATokenToKVPool sub-pools and the allocator's full-to-window map)")
 _REFUSED = {
-    "SWAKVPool": (
-        "a sliding-window pool: full-attention and window layers live in two sub-pools with separate slot "
-        "spaces (the allocator's full-to-window index map); DuplexKV has its layout (pool_layout.SWALayout: "
-        "the full sub-pool by the engine, the window suffix by save_window/load_window), but the runtime's "
-        "rotation path does not yet allocate the window slots, rebuild the map or insert the window "
-        "tombstones on resume (integration/kv_adapter.SWAWindowRotation), so one engine view would drop the "
-        "window layers"),
     "HybridLinearKVPool": (
         "a hybrid linear-attention pool: the recurrent (Mamba/linear) state is kept per request, not per "
         "token, and DuplexKV moves token rows only"),
@@ -92,6 +89,11 @@ def layout_of(pool: Any) -> PoolLayout:
     if reason is not None:
         raise UnrotatablePool(reason)
     name = type(pool).__name__
+    if name == "SWAKVPool":
+        raise UnrotatablePool(f"{name}: two sub-pools with slot spaces of their own have no single-index layout: "
+                              "the engine moves the full-attention sub-pool (swa_layout_of(pool).full, "
+                              "kv_adapter.SWAWindowRotation.device_pool_view) and the window rows move by "
+                              "save_window/load_window")
     if name == "MLATokenToKVPool":
         planes = list(pool.kv_buffer)
         firsts, seconds = planes[0::2], planes[1::2]
@@ -115,7 +117,7 @@ def _why_not(pool: Any, name: str) -> str | None:
                 "FP4 KV): rotation would move the codes without their scales (serve with a bf16/fp16/fp8 KV "
                 "cache to rotate)")
     if name == "SWAKVPool":
-        return swa_why_not(pool) or _REFUSED[name]
+        return swa_why_not(pool)
     if name in _REFUSED:
         return _REFUSED[name]
     if name == "MHATokenToKVPool":
@@ -123,7 +125,7 @@ def _why_not(pool: Any, name: str) -> str | None:
     if name == "MLATokenToKVPool":
         return _mla_why_not(pool)
     if hasattr(pool, "full_kv_pool") and hasattr(pool, "swa_kv_pool"):
-        return _REFUSED["SWAKVPool"]
+        return _OTHER_SWA
     return (f"not a pool DuplexKV rotates: it rotates {' and '.join(ROTATABLE)} (per-layer NHD K/V rows, or "
             "one MLA latent row per layer), not subclasses or other layouts")
 

@@ -5,16 +5,17 @@ radix tree's window boundary)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 from ..duplexkv.device_pool import DevicePoolView
 from ..duplexkv.pool_layout import (HostWindow, SWALayout, UnrotatablePool, WindowNotRestorable, layout_of,
-                                    load_window, save_window, swa_layout_of, window_start)
+                                    load_window, save_window, swa_layout_of, unsupported_reason, window_start)
 
 __all__ = ["HostWindow", "SWAWindowRotation", "UnsupportedKVPool", "WindowNotRestorable", "device_pool_view",
-           "kv_pool_name"]
+           "kv_pool_name", "scheduler_pool_view", "window_rotation"]
 
 
 class UnsupportedKVPool(RuntimeError):
@@ -34,6 +35,71 @@ def device_pool_view(kvcache: Any) -> DevicePoolView:
 def kv_pool_name(kvcache: Any) -> str:
     """The pool class as the handshake names it."""
     return type(kvcache).__name__
+
+
+def scheduler_pool_view(sched: Any) -> DevicePoolView:
+    """What the rotation engine moves of a scheduler's KV pool: the pool (`device_pool_view`), or for
+    an SWAKVPool its full-attention sub-pool, the window rows going through `window_rotation(sched)`.
+    UnsupportedKVPool names the class and why when it cannot rotate."""
+    kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
+    name = kv_pool_name(kvcache)
+    if name != "SWAKVPool":
+        return device_pool_view(kvcache)
+    why = unsupported_reason(kvcache)  # the SWA variants DuplexKV cannot rotate (pool_layout.swa_why_not)
+    if why is not None:
+        raise UnsupportedKVPool(why)
+    tree = sched.tree_cache
+    supports_swa = getattr(tree, "supports_swa", None)
+    if not callable(supports_swa) or not supports_swa():
+        raise UnsupportedKVPool(f"{name}: the radix tree ({type(tree).__name__}) has no sliding-window component to "
+                                "hold a resumed request's window tombstones; rotation is off")
+    try:
+        return window_rotation(sched).device_pool_view()  # type: ignore[union-attr]
+    except (UnrotatablePool, AttributeError) as exc:  # e.g. an allocator without the two sub-allocators
+        raise UnsupportedKVPool(f"{name}: its allocator {type(sched.token_to_kv_pool_allocator).__name__} "
+                                f"cannot rotate the window ({exc}); rotation is off") from None
+
+
+def save_windows(sched: Any, outs: list[tuple[Any, torch.Tensor, int]]) -> tuple[list[HostWindow | None], set[int]]:
+    """Rotate-out, before the release: for each (request, full-slot row, tokens) the window rows of a
+    sliding-window pool's request (None for other pools), in order, for the requests whose window can
+    be saved; and the ids of those whose window has a hole (WindowNotRestorable: recompute them)."""
+    rot = window_rotation(sched)
+    if rot is None:
+        return [None] * len(outs), set()
+    windows: list[HostWindow | None] = []
+    lost: set[int] = set()
+    for req, row, n in outs:
+        try:
+            windows.append(rot.save(row[:n], n))
+        except WindowNotRestorable:
+            lost.add(id(req))
+    return windows, lost
+
+
+def load_windows(sched: Any, ins: list[tuple[HostWindow | None, torch.Tensor | None]]) -> None:
+    """Resume, after the engine's copies into the same slots completed: each saved window into the
+    window rows its allocation (`SWAWindowRotation.alloc`) mapped."""
+    rot = window_rotation(sched)
+    for window, slots in ins:
+        if rot is not None and window is not None and slots is not None:
+            rot.load(window, slots)
+
+
+_WINDOWS: weakref.WeakKeyDictionary[Any, SWAWindowRotation] = weakref.WeakKeyDictionary()
+
+
+def window_rotation(sched: Any) -> SWAWindowRotation | None:
+    """The window side of the scheduler's pool when it is a sliding-window one (its allocator keeps a
+    full-to-window map), else None (every other pool: the rotation path is unchanged). One per
+    allocator."""
+    alloc = sched.token_to_kv_pool_allocator
+    if getattr(alloc, "full_to_swa_index_mapping", None) is None:
+        return None
+    rot = _WINDOWS.get(alloc)
+    if rot is None:
+        rot = _WINDOWS[alloc] = SWAWindowRotation.for_scheduler(sched)
+    return rot
 
 
 class SWAWindowRotation:
@@ -79,8 +145,17 @@ class SWAWindowRotation:
 
     def save(self, slots: torch.Tensor, num_tokens: int, pin: bool = False) -> HostWindow:
         """The window rows of a running request's first num_tokens tokens, on host (WindowNotRestorable:
-        a hole inside its window; recompute it instead)."""
-        return save_window(self.layout, slots, num_tokens, self.window_start(slots, num_tokens), pin)
+        a hole inside its window; recompute it instead). With the tree's retention window known, a token
+        without a window row from SGLang's own retention boundary on is such a hole: SGLang's decode
+        frees below floor_page(num_tokens - ceil_page(max(window, page))) for pre_len = seqlen - 1, the
+        tokens the runtime saves, and its tree matches a restored prefix only with that window live."""
+        start = self.window_start(slots, num_tokens)
+        if self.retain is not None:
+            page, n = self.page_size, int(num_tokens)
+            boundary = max(0, n - -(-max(int(self.retain), page) // page) * page) // page * page
+            if start > boundary:
+                raise WindowNotRestorable(f"tokens [{boundary}, {start}) inside the window have no window row")
+        return save_window(self.layout, slots, num_tokens, start, pin)
 
     # ---- in
     def alloc(self, num_tokens: int, start: int) -> torch.Tensor | None:
@@ -115,6 +190,42 @@ class SWAWindowRotation:
         if start < slots.numel():
             self.allocator.free_swa_segment(slots[start:], start_pos=start)
         self.allocator.free_full(slots)
+
+    def alloc_evicting(self, tree: Any, num_tokens: int, start: int, evict: bool) -> torch.Tensor | None:
+        """`alloc`; when it does not fit and `evict`, first evict from the tree what each sub-pool lacks
+        (full slots for every token, window rows for [start, n) only)."""
+        slots = self.alloc(num_tokens, start)
+        if slots is not None or not evict or not tree.supports_prefix_sharing():
+            return slots
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        full = max(0, num_tokens - self.allocator.full_attn_allocator.available_size())
+        window = max(0, num_tokens - start - self.allocator.swa_attn_allocator.available_size())
+        tree.evict_for_alloc(EvictParams(num_tokens=full, swa_num_tokens=window))
+        return self.alloc(num_tokens, start)
+
+    # ---- the KV byte check: full layers over the slots, window layers through the map from `start`
+    def kv_planes(self, slots: torch.Tensor, start: int) -> list[torch.Tensor]:
+        """Raw bytes of the rows a request reads: every full-attention layer's K and V rows of `slots`,
+        then every window layer's K and V rows of slots[start:] through the map. ValueError when a
+        token from `start` on has no window row."""
+        slots = slots.to(self.layout.mapping.device, torch.int64)
+        rows = self.layout.mapping[slots[start:]]
+        if bool((rows <= 0).any()):
+            raise ValueError(f"a token of [{start}, {slots.numel()}) has no window row")
+        full, window = self.layout.full, self.layout.window
+        return ([p[slots].contiguous().view(torch.uint8) for p in (*full.k_planes, *full.v_planes)]
+                + [p[rows].contiguous().view(torch.uint8) for p in (*window.k_planes, *window.v_planes)])
+
+    def same_rows(self, a: torch.Tensor, b: torch.Tensor, start: int) -> bool:
+        """Whether slots `a` and `b` hold byte-identical KV for what a request reads: full-attention
+        layers for every token, window layers for tokens [start, n) (False when `a` lacks a window
+        row there)."""
+        try:
+            pa, pb = self.kv_planes(a, start), self.kv_planes(b, start)
+        except ValueError:
+            return False
+        return all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
 
     def insert_params(self, key: Any, slots: torch.Tensor, start: int) -> Any:
         """SGLang's InsertParams for the restored prefix: tokens [0, start) go in as window tombstones."""

@@ -73,6 +73,7 @@ class RotaryStore:
         del self.entries[rid]
         assert self.engine is not None
         self.engine.free(entry.host_kv)  # the mirror kept its own references to what it reuses
+        entry.window = None  # a sliding window's rows are back on the device
         self.resume_locks[rid] = lock
         self.sched.waiting_queue.append(entry.req)
         self.stats.resumes += 1
@@ -131,6 +132,7 @@ class RotaryStore:
             self.stats.aborted_rotary += 1
             if self.engine is not None:
                 self.engine.free(entry.host_kv)
+            entry.window = None  # its host window rows go with it
             self.sched.waiting_queue.append(entry.req)
         for rid in [r for r in self.resume_locks if match(r)]:
             self.sched.tree_cache.unlock(self.resume_locks.pop(rid))

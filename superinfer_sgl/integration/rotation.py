@@ -10,6 +10,12 @@ the last output token. The lock keeps eviction away until the request is admitte
 
 A step's outs and ins are one `RotationEngine.rotate` call (`rotate_step`): one device-to-host launch
 and one host-to-device launch, on separate copy lanes, so on a GPU both directions run at once.
+
+Sliding-window pools (SWAKVPool, `kv_adapter.window_rotation`): the engine moves the full-attention
+sub-pool; the window rows of the tokens still in the window are saved before the release and kept
+with the rotary entry (`HostWindow`), and a resume allocates window rows for those tokens only,
+loads them after the engine's copies and inserts with SGLang's SWA evicted length
+(docs/models.md, "Sliding-window pools"). A window that cannot be saved is recomputed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from ..duplexkv.by_format import EnginesByFormat
 from ..duplexkv.engine import HostKV, RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostPoolFull
 from ..duplexkv.streams import CopyEvent, RotationHandle
-from . import copy_metrics
+from . import copy_metrics, kv_adapter
+from .kv_adapter import HostWindow, window_rotation
 
 
 @dataclass
@@ -56,6 +63,7 @@ class RotaryEntry:
     paused_at: float
     paused_iter: int = 0
     prefetch_tried: bool = False  # prefetched once this stint already (a miss is not chased again)
+    window: HostWindow | None = None  # sliding-window pools: its window rows (dropped with the entry)
 
 
 @dataclass
@@ -66,10 +74,16 @@ class Incoming:
     entry: RotaryEntry
     host_kv: HostKV
     slots: torch.Tensor | None = None  # None until allocated; stays None when there is nothing to load
+    window: HostWindow | None = None  # sliding-window pools: the entry's window cut to host_kv's tokens
 
     @property
     def ready(self) -> bool:
         return self.slots is not None or self.host_kv.num_tokens == 0
+
+    @property
+    def window_start(self) -> int:
+        """First token with a window row (0: every token has one, or not a sliding-window pool)."""
+        return 0 if self.window is None else self.window.start
 
 
 @dataclass
@@ -79,6 +93,7 @@ class Prefetched:
     host_kv: HostKV  # exactly the Incoming.host_kv its resume will load
     slots: torch.Tensor
     handle: RotationHandle
+    window_start: int = 0  # sliding-window pools: window rows were allocated from this token on
 
 
 @dataclass
@@ -136,7 +151,9 @@ def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[I
     """Rotate `outs` (running requests, already out of the running batch) to host and bring `ins`
     back, as one engine.rotate call. Outs that do not fit in the host pool fall back to recompute;
     ins that find no device memory stay rotary (`deferred`)."""
-    items = [out_item(sched, req, engine) for req in outs]
+    windows, lost = save_windows(sched, outs)  # before anything is released (sliding-window pools)
+    movable = [req for req in outs if id(req) not in lost]
+    items = [out_item(sched, req, engine) for req in movable]
     released = _give_slots(sched, outs, ins)
     ready = [inc for inc in ins if inc.ready]
     handle = _rotate(engine, items, ready, forward_fence(sched) if ready else [], in_after_out=released)
@@ -146,17 +163,31 @@ def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[I
     if not released:
         for req in outs:
             release(sched, req)
+    kv_adapter.load_windows(sched, [(inc.window, inc.slots) for inc in ready])  # after the engine's copies
     result = StepResult(deferred=[inc for inc in ins if not inc.ready])
-    for i, req in enumerate(outs):
+    for i, req in enumerate(movable):
         if i < len(handle.saved):
-            result.rotated.append(RotaryEntry(req=req, host_kv=handle.saved[i], paused_at=now))
+            result.rotated.append(RotaryEntry(req=req, host_kv=handle.saved[i], paused_at=now, window=windows[i]))
         else:  # the host pool could not take it
-            engine.untrack(req.rid)  # recomputed KV may differ in its last bits from a mirror
-            sched._add_request_to_queue(req, is_retracted=True)
-            result.recompute.append(req)
+            _recompute(sched, engine, req, result)
+    for req in outs:
+        if id(req) in lost:  # its window could not be saved losslessly
+            _recompute(sched, engine, req, result)
     result.resumed = [(inc, insert_restored(sched, inc, engine)) for inc in ready]
     copy_metrics.publish(engine.copy_timer)
     return result
+
+
+def _recompute(sched: Any, engine: RotationEngine, req: Any, result: StepResult) -> None:
+    engine.untrack(req.rid)  # recomputed KV may differ in its last bits from a mirror
+    sched._add_request_to_queue(req, is_retracted=True)
+    result.recompute.append(req)
+
+
+def save_windows(sched: Any, outs: list[Any]) -> tuple[list[HostWindow | None], set[int]]:
+    """kv_adapter.save_windows of the outs' restorable tokens: windows in order, lost ones by id."""
+    rows = sched.req_to_token_pool.req_to_token
+    return kv_adapter.save_windows(sched, [(req, rows[req.kv.req_pool_idx], restorable_tokens(req)) for req in outs])
 
 
 def _give_slots(sched: Any, outs: list[Any], ins: list[Incoming]) -> bool:
@@ -204,19 +235,24 @@ def out_item(sched: Any, req: Any, engine: RotationEngine) -> RotateOut:
 
 def incoming(entry: RotaryEntry, page_size: int) -> Incoming:
     n = entry.host_kv.num_tokens // page_size * page_size
-    return Incoming(entry, _prefix(entry.host_kv, n) if n < entry.host_kv.num_tokens else entry.host_kv)
+    window = None if entry.window is None else entry.window.prefix(n)
+    return Incoming(entry, _prefix(entry.host_kv, n) if n < entry.host_kv.num_tokens else entry.host_kv,
+                    window=window)
 
 
 def alloc_incoming(sched: Any, inc: Incoming, evict: bool) -> None:
     if not inc.ready:
-        inc.slots = alloc_slots(sched, inc.host_kv.num_tokens, evict)
+        inc.slots = alloc_slots(sched, inc.host_kv.num_tokens, evict, inc.window_start)
 
 
-def alloc_slots(sched: Any, n: int, evict: bool) -> torch.Tensor | None:
+def alloc_slots(sched: Any, n: int, evict: bool, window_start: int = 0) -> torch.Tensor | None:
     """n device slots, or None. Without `evict` only memory already free is used (no cached prefix
-    is given up)."""
+    is given up). Sliding-window pools: window rows for tokens [window_start, n) only."""
     from sglang.srt.mem_cache.common import evict_from_tree_cache
 
+    rot = window_rotation(sched)
+    if rot is not None:
+        return rot.alloc_evicting(sched.tree_cache, n, window_start, evict)
     alloc = sched.token_to_kv_pool_allocator
     if alloc.available_size() < n:
         if not evict:
@@ -226,8 +262,12 @@ def alloc_slots(sched: Any, n: int, evict: bool) -> torch.Tensor | None:
     return alloc.alloc(n)
 
 
-def free_slots(sched: Any, slots: torch.Tensor) -> None:
-    sched.token_to_kv_pool_allocator.free(slots)
+def free_slots(sched: Any, slots: torch.Tensor, window_start: int = 0) -> None:
+    rot = window_rotation(sched)
+    if rot is not None:
+        rot.free(slots, window_start)
+    else:
+        sched.token_to_kv_pool_allocator.free(slots)
 
 
 def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
@@ -244,7 +284,7 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
     held, tree_slots = _tree_prefix(tree, _key(req, tokens))
     # Each TP rank holds other heads, so a byte comparison could come out differently per rank and
     # split their radix trees: with TP > 1 any held prefix counts as different (same on every rank).
-    shared_ok = getattr(sched, "tp_size", 1) == 1 and same_kv(sched, tree_slots, inc.slots[:held])
+    shared_ok = getattr(sched, "tp_size", 1) == 1 and same_kv(sched, tree_slots, inc.slots[:held], inc.window_start)
     if held and not shared_ok:
         # The tree's copy of our prefix was computed by another request since we were rotated out
         # (ours was evicted meanwhile) and may differ in its bits. Lossless means the request reads
@@ -252,7 +292,9 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
         req.cache_salt = private_cache_salt(req)
     # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes;
     # SGLang 0.5.23's default tree, UnifiedRadixCache, does: the legacy RadixCache would not).
-    tree.insert(InsertParams(key=_key(req, tokens), value=inc.slots.to(torch.int64), prev_prefix_len=0))
+    rot = window_rotation(sched)  # sliding-window pools: [0, start) go in as window tombstones
+    tree.insert(rot.insert_params(_key(req, tokens), inc.slots, inc.window_start) if rot is not None else
+                InsertParams(key=_key(req, tokens), value=inc.slots.to(torch.int64), prev_prefix_len=0))
     # The restored blocks become the request's eager mirror (they equal what it reads now), so
     # rotating it out again moves only new tokens.
     engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=n)
@@ -288,14 +330,18 @@ def _tree_prefix(tree: Any, key: Any) -> tuple[int, torch.Tensor | None]:
         return held, None
 
 
-def same_kv(sched: Any, a: torch.Tensor | None, b: torch.Tensor) -> bool:
-    """Whether two slot lists hold byte-identical KV in every layer (False when `a` is unknown)."""
+def same_kv(sched: Any, a: torch.Tensor | None, b: torch.Tensor, window_start: int = 0) -> bool:
+    """Whether two slot lists hold byte-identical KV in every layer (False when `a` is unknown).
+    Sliding-window pools: window layers through the map, for tokens from `window_start` on."""
     if a is None or len(a) != len(b):
         return False
     kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
     a, b = a.to(torch.int64), b.to(torch.int64)
     if torch.equal(a, b):
         return True
+    rot = window_rotation(sched)
+    if rot is not None:
+        return rot.same_rows(a, b, window_start)
     for layer in range(kvcache.layer_num):
         for buf in kvcache.get_kv_buffer(layer + kvcache.start_layer):
             if not torch.equal(buf[a].view(torch.uint8), buf[b].view(torch.uint8)):
@@ -305,18 +351,18 @@ def same_kv(sched: Any, a: torch.Tensor | None, b: torch.Tensor) -> bool:
 
 def prefetch(sched: Any, engine: RotationEngine, inc: Incoming) -> Prefetched | None:
     """Allocate slots for `inc` from free memory (never evicting) and start copying its KV there."""
-    slots = alloc_slots(sched, inc.host_kv.num_tokens, evict=False)
+    slots = alloc_slots(sched, inc.host_kv.num_tokens, evict=False, window_start=inc.window_start)
     if slots is None:
         return None
     handle = engine.prefetch(inc.host_kv, slots, in_after=forward_fence(sched))
-    return Prefetched(inc.host_kv, slots, handle)
+    return Prefetched(inc.host_kv, slots, handle, inc.window_start)
 
 
 def cancel_prefetch(sched: Any, engine: RotationEngine, p: Prefetched) -> None:
     """Drop an unused prefetch and give its slots back, once nothing can still be writing them."""
     engine.cancel_prefetch(p.host_kv)
     p.handle.wait()  # whoever gets these slots next is queued after this stream
-    free_slots(sched, p.slots)
+    free_slots(sched, p.slots, p.window_start)
 
 
 def forward_fence(sched: Any) -> list[CopyEvent]:
@@ -336,13 +382,18 @@ def forward_fence(sched: Any) -> list[CopyEvent]:
 # ---- single-request forms ------------------------------------------------------------------------
 def rotate_out(sched: Any, req: Any, engine: RotationEngine, now: float) -> RotaryEntry | None:
     """Move one request's KV to host and free its device slots. Returns None, with nothing changed,
-    when the host pool is full (the caller then falls back to SGLang's retract-and-recompute)."""
+    when the host pool is full or a sliding window cannot be saved (the caller then falls back to
+    SGLang's retract-and-recompute)."""
+    windows, lost = save_windows(sched, [req])
+    if lost:
+        return None
+    window = windows[0]
     try:
         host_kv = engine.save_request(*out_item(sched, req, engine))
     except HostPoolFull:
         return None
     release(sched, req)
-    return RotaryEntry(req=req, host_kv=host_kv, paused_at=now)
+    return RotaryEntry(req=req, host_kv=host_kv, paused_at=now, window=window)
 
 
 def release(sched: Any, req: Any) -> None:
@@ -372,9 +423,15 @@ def device_kv_digest(sched: Any, req: Any, n: int) -> str:
 
 
 def device_kv_bytes(sched: Any, req: Any, n: int) -> bytes:
-    """Raw bytes of a request's first n KV tokens on the device, all layers, K then V."""
+    """Raw bytes of a request's first n KV tokens on the device, all layers, K then V. Sliding-window
+    pools: the full-attention layers of every token, then the window layers through the map for the
+    tokens from its window start on (what attention reads; tokens before it have no window row)."""
     kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
     slots = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+    rot = window_rotation(sched)
+    if rot is not None:
+        parts = rot.kv_planes(slots, rot.window_start(slots, n))
+        return b"".join(p.cpu().numpy().tobytes() for p in parts)
     parts = []
     for layer in range(kvcache.layer_num):
         k, v = kvcache.get_kv_buffer(layer + kvcache.start_layer)

@@ -15,7 +15,7 @@ from ..duplexkv.engine import RotationEngine
 from ..duplexkv.by_format import EnginesByFormat
 from ..duplexkv.host_pool import HostKVPool
 from ..duplexkv.link_probe import measure_link
-from .kv_adapter import UnsupportedKVPool, device_pool_view
+from .kv_adapter import UnsupportedKVPool, scheduler_pool_view
 from .runtime import RotaSchedRuntime
 from .views import clip_max_new_tokens
 
@@ -53,8 +53,8 @@ def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
         reason = "radix cache disabled: rotation needs it; using recompute only"
         logger.warning("superinfer: %s", reason)
         return EngineSetup(None, reason)
-    try:
-        dev = device_pool_view(sched.token_to_kv_pool_allocator.get_kvcache())
+    try:  # an SWAKVPool: its full-attention sub-pool (the window side: kv_adapter.window_rotation)
+        dev = scheduler_pool_view(sched)
     except UnsupportedKVPool as exc:
         logger.warning("superinfer: rotation disabled: %s", exc)
         return EngineSetup(None, str(exc))

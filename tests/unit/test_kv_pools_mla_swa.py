@@ -3,9 +3,10 @@
 Built on SGLang 0.5.23's own pool classes on a CPU (small sizes, float32 and bf16):
 MLATokenToKVPool (one latent buffer per layer) rotates losslessly through the engine and through the
 runtime's real rotation path with SGLang's paged allocator and radix tree at page size 16; the host
-block's size in bytes follows the latent row. Every pool DuplexKV does not rotate (sliding-window,
-hybrid linear, DSA, FP4/MXFP8 with scale buffers, v_head_dim != head_dim) is refused at startup with
-its class named in the reason and in the startup handshake, and rotation is off.
+block's size in bytes follows the latent row. Every pool DuplexKV does not rotate (a sliding-window
+pool whose allocator registered no full-to-window map, hybrid linear, DSA, FP4/MXFP8 with scale
+buffers, v_head_dim != head_dim) is refused at startup with its class named in the reason and in the
+startup handshake, and rotation is off (supported SWAKVPools rotate: test_kv_pools_swa_runtime.py).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def _dsa() -> Any:
 
 
 REFUSED: dict[str, tuple[Callable[[], Any], str, str]] = {
-    "swa": (_swa, "SWAKVPool", "sliding-window pool"),
+    "swa": (_swa, "SWAKVPool", "sliding-window pool whose allocator has not registered the full-to-window map"),
     "hybrid-linear": (_bare(memory_pool.HybridLinearKVPool), "HybridLinearKVPool", "recurrent"),
     "dsa": (_dsa, "DSATokenToKVPool", "indexer key cache"),
     "mha-fp4": (_fp4_mha, "MHATokenToKVPool", "scale buffers"),

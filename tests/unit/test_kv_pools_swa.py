@@ -100,13 +100,13 @@ def test_the_layout_names_both_sub_pools_and_the_engine_view_is_the_full_one() -
     assert view.k_buffers[0].data_ptr() == pool.full_kv_pool.k_buffer[0].data_ptr()
 
 
-def test_the_single_index_engine_view_still_refuses_the_pool_by_name() -> None:
+def test_a_supported_pool_rotates_but_has_no_single_index_view() -> None:
     pool, _ = _pool(1)
-    # until the runtime drives the window side, one engine view would drop the window layers
-    assert unsupported_reason(pool).startswith("SWAKVPool: a sliding-window pool")
-    with pytest.raises(UnsupportedKVPool, match="^SWAKVPool: a sliding-window pool.*SWAWindowRotation.*rotation is off"):
+    assert unsupported_reason(pool) is None  # not refused: the runtime drives its window side
+    # one engine view over both sub-pools would drop the window layers: only the full one is a view
+    with pytest.raises(UnsupportedKVPool, match="^SWAKVPool: .*no single-index layout.*SWAWindowRotation"):
         device_pool_view(pool)
-    with pytest.raises(UnrotatablePool):
+    with pytest.raises(UnrotatablePool, match="no single-index layout"):
         layout_of(pool)
 
 
