@@ -1,11 +1,11 @@
-"""What fp8 rotary host blocks (--rotary-kv-dtype fp8_e4m3) cost in accuracy, on the real model.
+"""What lossy rotary host blocks (--rotary-kv-dtype fp8_e4m3 or int4) cost in accuracy, on the real model.
 
 Starts our server twice on the default model (SmolLM2-135M-Instruct, float32 on CPU) with forced
 rotations every N iterations (SUPERINFER_TEST_ROTATE_INTERVAL): once with the default bit-exact
-rotation, once with fp8 host blocks. Each server gets the same prompts, all at once (so requests are
+rotation, once with lossy host blocks (--format: fp8_e4m3, the default, or int4). Each server gets the same prompts, all at once (so requests are
 batched and rotated; --concurrency in flight), greedy, with the chosen tokens' logprobs. The bit-exact server answers the
 batch twice: its second pass against its first is the noise floor of batching alone (CPU float32
-kernels depend on the batch's shape); the fp8 pass against the first bit-exact pass is the cost.
+kernels depend on the batch's shape); the lossy pass against the first bit-exact pass is the cost.
 
 Reported per comparison: sequences identical, greedy token agreement (positions equal / positions),
 the first divergence, and mean / max |logprob difference| of the chosen tokens over the common prefix
@@ -13,6 +13,11 @@ the first divergence, and mean / max |logprob difference| of the chosen tokens o
 
     PYTHONPATH=$PWD:$PWD/triton_kernels .venv/bin/python scripts/measure_fp8_rotary.py \
         --prompts 16 --max-new-tokens 32 --rotate-interval 4 --concurrency 4 --out results/fp8_rotary/smollm2_cpu.json
+    PYTHONPATH=$PWD:$PWD/triton_kernels .venv/bin/python scripts/measure_fp8_rotary.py --format int4 \
+        --prompts 16 --max-new-tokens 32 --rotate-interval 4 --concurrency 4 --out results/int4_rotary/smollm2_cpu.json
+
+The report names the lossy run and its comparison by format: "fp8" / "fp8_vs_exact" for fp8_e4m3 (as
+before this option existed), "int4" / "int4_vs_exact" for int4.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ TOPICS = ["the history of Rome", "how a refrigerator works", "why the sky is blu
           "the Great Wall of China", "submarines"]
 STYLES = ["Explain {} to a child.", "Write a short paragraph about {}.", "List three facts about {}.",
           "What is the most surprising thing about {}?"]
+
+
+# --format -> the short name of its run and report keys ("fp8" keeps the fp8-only script's names)
+FORMATS = {"fp8_e4m3": "fp8", "int4": "int4"}
 
 
 def prompts(n: int) -> list[str]:
@@ -120,9 +129,16 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4,
                     help="requests in flight at once (many more, with frequent forced rotations, make "
                          "little progress on a 2-core CPU)")
-    ap.add_argument("--port", type=int, default=32180, help="the fp8 server uses port + 1")
-    ap.add_argument("--out", type=Path, default=ROOT / "results/fp8_rotary/smollm2_cpu.json")
+    ap.add_argument("--format", choices=sorted(FORMATS), default="fp8_e4m3",
+                    help="the lossy host format measured against bit-exact rotation (--rotary-kv-dtype)")
+    ap.add_argument("--port", type=int, default=32180, help="the lossy server uses port + 1")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: results/fp8_rotary/smollm2_cpu.json (fp8_e4m3), "
+                         "results/int4_rotary/smollm2_cpu.json (int4)")
     args = ap.parse_args()
+    lossy = FORMATS[args.format]
+    if args.out is None:
+        args.out = ROOT / f"results/{lossy}_rotary/smollm2_cpu.json"
     live: list[Server] = []
 
     def on_term(*_: object) -> None:  # a timeout's TERM: stop our server (requests may be in flight)
@@ -136,8 +152,8 @@ def main() -> int:
     env = {"SUPERINFER_TEST_ROTATE_INTERVAL": str(args.rotate_interval)}
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     runs: dict[str, list[dict]] = {}
-    for name, port, extra in (("exact", args.port, []), ("fp8", args.port + 1, ["--rotary-kv-dtype", "fp8_e4m3"])):
-        server = start(port, extra, env, Path(tempfile.gettempdir()) / f"fp8_rotary_server_{name}.log")
+    for name, port, extra in (("exact", args.port, []), (lossy, args.port + 1, ["--rotary-kv-dtype", args.format])):
+        server = start(port, extra, env, Path(tempfile.gettempdir()) / f"{lossy}_rotary_server_{name}.log")
         live[:] = [server]
         try:
             t0 = time.time()
@@ -157,7 +173,8 @@ def main() -> int:
         "rotate_interval": args.rotate_interval,
         "rotations": {k: sum(r["rotations"] for r in v) for k, v in runs.items()},
         "recompute_fallbacks": {k: sum(r["recomputes"] for r in v) for k, v in runs.items()},
-        "fp8_vs_exact": compare(runs["exact"], runs["fp8"]),
+        **({} if args.format == "fp8_e4m3" else {"format": args.format}),
+        f"{lossy}_vs_exact": compare(runs["exact"], runs[lossy]),
         "exact_vs_exact_again (noise floor: batching alone)": compare(runs["exact"], runs["exact_again"]),
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -153,4 +153,6 @@ class RotaryStore:
         """Host blocks in use and in all (0, 0 without rotation)."""
         if self.engine is None:
             return 0, 0
-        return self.engine.host_pool.allocator.num_used, self.engine.host_pool.num_blocks
+        # every precision's pool (duplexkv/by_format.py), so a leak in any of them shows
+        pools = [e.host_pool for e in getattr(self.engine, "engines", {}).values()] or [self.engine.host_pool]
+        return sum(p.allocator.num_used for p in pools), sum(p.num_blocks for p in pools)

@@ -28,6 +28,7 @@ import torch
 from ..duplexkv.by_format import EnginesByFormat
 from ..duplexkv.engine import HostKV, RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostPoolFull
+from ..duplexkv.quant import LOSSY_FORMATS
 from ..duplexkv.streams import CopyEvent, RotationHandle
 from . import copy_metrics, kv_adapter
 from .kv_adapter import HostWindow, window_rotation
@@ -285,10 +286,12 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
     # Each TP rank holds other heads, so a byte comparison could come out differently per rank and
     # split their radix trees: with TP > 1 any held prefix counts as different (same on every rank).
     shared_ok = getattr(sched, "tp_size", 1) == 1 and same_kv(sched, tree_slots, inc.slots[:held], inc.window_start)
-    if held and not shared_ok:
+    if (held and not shared_ok) or _lossy(inc.host_kv, engine):
         # The tree's copy of our prefix was computed by another request since we were rotated out
         # (ours was evicted meanwhile) and may differ in its bits. Lossless means the request reads
-        # its own bytes: it continues in a cache namespace of its own (SGLang's cache_salt).
+        # its own bytes: it continues in a cache namespace of its own (SGLang's cache_salt). KV
+        # restored from fp8/int4 blocks always does: in the shared tree, a later request with the
+        # same prefix (an exact class's too) would read the approximation.
         req.cache_salt = private_cache_salt(req)
     # prev_prefix_len=0: the tree frees our copies of any tokens it already held (identical bytes;
     # SGLang 0.5.23's default tree, UnifiedRadixCache, does: the legacy RadixCache would not).
@@ -300,6 +303,13 @@ def insert_restored(sched: Any, inc: Incoming, engine: RotationEngine) -> Any:
     engine.keep_as_mirror(req.rid, inc.entry.host_kv, valid_tokens=n)
     match = tree.match_prefix(MatchPrefixParams(key=_key(req, tokens)))
     return tree.lock(match.last_device_node)
+
+
+def _lossy(host_kv: HostKV, engine: Any) -> bool:
+    """The blocks hold an approximation (fp8/int4): the HostKV's own format where one engine per
+    precision stamped it, else the engine's pool's."""
+    fmt = host_kv.kv_format or getattr(engine.host_pool, "kv_format", None)
+    return fmt in LOSSY_FORMATS
 
 
 PRIVATE_SALT_TAG = "superinfer-rotary:"

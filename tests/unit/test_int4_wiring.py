@@ -108,3 +108,20 @@ def test_host_bytes_rows_by_class_and_format():
     for hk in h.saved:
         eng.free(hk)
     assert all(n == 0 for _, _, n in host_bytes(eng, 0))
+
+
+def test_pool_usage_counts_every_formats_pool():
+    from superinfer_sgl.integration.rotary_store import RotaryStore
+    from superinfer_sgl.integration.rotation import RotationStats
+
+    dev = device(torch.float32)
+    pools = HostKVPool.for_formats(dev, 4, ["auto", "int4"], gb=0.001)
+    eng = EnginesByFormat(dev, pools, "auto", "torch", class_formats={"batch": "int4"})
+    store = RotaryStore(None, eng, RotationStats())
+    total = pools["auto"].num_blocks + pools["int4"].num_blocks
+    assert store.pool_usage() == (0, total)
+    eng.track_class("b", "batch")
+    h = eng.rotate(out=[RotateOut("b", torch.arange(0, 9), 9)])  # int4 blocks only
+    assert store.pool_usage() == (3, total)
+    eng.free(h.saved[0])
+    assert store.pool_usage() == (0, total)

@@ -20,6 +20,7 @@ from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.engine import RotationEngine
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
+from superinfer_sgl.integration import rotation
 from superinfer_sgl.integration.runtime import RotaSchedRuntime
 from superinfer_sgl.rotasched import Decision
 from superinfer_sgl.rotasched.request_view import ReqState
@@ -463,7 +464,8 @@ def test_fp8_host_blocks_resume_within_the_e4m3_bound(monkeypatch: pytest.Monkey
     """--rotary-kv-dtype fp8_e4m3 through a runtime step with SGLang's allocator and radix tree: b
     resumes with every restorable token matched, its KV within e4m3's bound of what it saved. When
     the tree holds b's prefix (exact bytes), the lossy restore differs from it, so b reads its own
-    bytes in a private cache namespace (not shared), as for any byte difference."""
+    bytes in a private cache namespace (not shared), as for any byte difference; when it does not,
+    b's approximate KV still goes into a namespace of its own, where no other request reads it."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
@@ -480,7 +482,9 @@ def test_fp8_host_blocks_resume_within_the_e4m3_bound(monkeypatch: pytest.Monkey
         h.tree.insert(InsertParams(key=RadixKey(b.origin_input_ids[:8]), value=cached, prev_prefix_len=0))
     h.step(resume=("b",))
     assert "b" not in h.rt.store.entries and h.rt.store.resume_locks.keys() == {"b"}
-    assert (b.cache_salt is not None) is tree_holds_prefix
+    assert rotation.PRIVATE_SALT_TAG in (b.cache_salt or "")  # lossy KV never enters the shared tree
+    shared = h.tree.match_prefix(MatchPrefixParams(key=RadixKey((b.origin_input_ids + b.output_ids)[:19])))
+    assert shared.device_prefix_len == (8 if tree_holds_prefix else 0)
     tokens = (b.origin_input_ids + b.output_ids)[:19]
     match = h.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, b.extra_key, cache_salt=b.cache_salt)))
     assert match.device_prefix_len == 19
