@@ -21,10 +21,10 @@ prefix hits (the prompts repeat), several copies of a prompt in one batch. It ch
 
 `--rounds 0` serves only the references (each prompt alone, still under the forced rotations):
 with the default 3 MB host pool the 89-token fox prompt takes the recompute fallback at every forced
-rotation and its output repeats tokens; `--rotary-pool-gb 0.05` (real rotations),
-`--rotate-interval 0` (none) or `--server-arg=--disable-overlap-schedule` give the exact output
-(docs/reliability.md, "The exactness sample that differed"). Exit status 1 when any of the three
-checks fails.
+rotation; before the fix of 2026-11-28 (a fallback's request now waits a step under the overlap
+scheduler) its output repeated tokens, and `--server-arg=--disable-overlap-schedule` gives the
+output to compare with (docs/reliability.md, "The exactness sample that differed"). Exit status 1
+when any of the three checks fails.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class RotaSchedRuntime:
         out += self._forced(live, out)
         resumes = self._resumable(decision.resume)
         self.prefetcher.cancel_except(keep={e.req.rid for e in resumes})
-        self._rotate(running_batch, out, resumes, now)
+        held = self._held_back(self._rotate(running_batch, out, resumes, now))
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
         # every TP rank offers the same queue.
@@ -113,7 +113,7 @@ class RotaSchedRuntime:
         rids = [r.rid for r in queue]
         by_rid_waiting = dict(zip(rids, queue))
         order = [by_rid_waiting[rid] for rid in planner.admission_order(rids, list(locks), decision)
-                 if rid in by_rid_waiting]
+                 if rid in by_rid_waiting and rid not in held]
         if self.cfg.prefetch:
             rules = self.rules
             # the running batch's reserve after this step's outs left it (the same sum when none did)
@@ -172,12 +172,24 @@ class RotaSchedRuntime:
         entries = [self.store.entries.get(rid) for rid in rids]
         return [e for e in entries if e is not None and self.iteration - e.paused_iter >= self.hold_rotary]
 
+    def _held_back(self, recomputed: list[Any]) -> set[str]:
+        """Rids of this step's recompute fallbacks that wait a step: under the overlap scheduler the
+        last decode batch, which holds them, is still in flight (its result is processed after this
+        batch is built, from a copy of its request list). SGLang skips that result for a retracted
+        request only until the request's next prefill clears the flag: prefilled in this step, it
+        would take the in-flight token and then sample the same token again (a repeated token,
+        docs/reliability.md). SGLang's own retraction never readmits in the step it retracts."""
+        if not recomputed or not getattr(self.sched, "enable_overlap", False):
+            return set()
+        return {r.rid for r in recomputed}
+
     def _rotate(self, running_batch: Any, outs: list[Any], resumes: list[rotation.RotaryEntry],
-                now: float) -> None:
-        """This step's rotations out and resumes, as one engine call (both directions at once)."""
+                now: float) -> list[Any]:
+        """This step's rotations out and resumes, as one engine call (both directions at once);
+        returns the requests sent back to recompute (the host pool could not take them)."""
         self.inbound_blocks = 0
         if not outs and not resumes:
-            return
+            return []
         assert self.engine is not None
         if outs:
             gone = {id(r) for r in outs}
@@ -205,6 +217,7 @@ class RotaSchedRuntime:
             self.inbound_blocks += len(inc.host_kv.block_ids)
             self.store.resumed(inc.entry, lock)
             clocks[inc.entry.req.rid].set_state(ReqState.WAITING, now)
+        return step.recompute
 
     def _incoming(self, entry: rotation.RotaryEntry) -> rotation.Incoming:
         inc = rotation.incoming(entry, self.sched.token_to_kv_pool_allocator.page_size)

@@ -531,3 +531,36 @@ def test_first_tokens_stream_a_step_late_only_on_a_cpu_with_the_overlap_schedule
     h.sched.enable_overlap = True
     h.sched.server_args = SimpleNamespace(device="cuda")
     assert RotaSchedRuntime(h.sched, SuperInferConfig()).emit_late is False
+
+
+DECODE = SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_recompute_fallback_waits_a_step_under_the_overlap_scheduler(monkeypatch: pytest.MonkeyPatch,
+                                                                        overlap: bool) -> None:
+    """Under the overlap scheduler the last decode batch is still in flight while the next is built
+    (the running batch is that batch: rotating out filters it, so the request is no longer seen in
+    it): a request sent back to recompute and prefilled in the same step would take that decode's
+    token and then sample it again (the soak's repeated tokens, docs/reliability.md). It is offered
+    from the next step on; without overlap, at once. Never lost: it stays queued."""
+    h = Harness(monkeypatch, host_blocks=6, eager_sync=False)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)  # 5 host blocks each: b does not fit
+    h.sched.enable_overlap = overlap
+    h.sched.last_batch = h.batch  # SGLang's decode step: the last batch is the running batch
+    h.batch.forward_mode = DECODE
+    h.sched._add_request_to_queue = lambda r, is_retracted=False: (h.requeued.append(r),
+                                                                    h.sched.waiting_queue.append(r))
+    offered: list[list[str]] = []
+
+    def admit_nobody(sched: Any, batch: Any) -> None:
+        offered.append([r.rid for r in sched.waiting_queue])
+
+    h.decisions.append(Decision(rotate_out=("a", "b")))
+    h.rt.around_prefill(admit_nobody, h.sched, h.batch)
+    assert h.requeued == [b] and h.sched.waiting_queue == [b]
+    assert offered == [[] if overlap else ["b"]]
+    h.decisions.append(Decision())
+    h.rt.around_prefill(admit_nobody, h.sched, h.batch)
+    assert offered[-1] == ["b"]
