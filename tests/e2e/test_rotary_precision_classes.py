@@ -31,6 +31,7 @@ One server start (2-3 minutes on a loaded 2-core machine), then one to three rou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -128,11 +129,11 @@ def mixed_round(server: Server) -> dict:
 
     def poll() -> None:
         while not done.is_set():
-            try:
+            # A scrape that times out on the loaded 2-core VM is simply retried on the next tick: the
+            # peaks are a best-effort record, and the assertions below read /metrics themselves.
+            with contextlib.suppress(requests.RequestException):
                 for k, v in _host_bytes(server.metrics()).items():
                     seen[k] = max(seen.get(k, 0.0), v)
-            except requests.RequestException:
-                pass
             time.sleep(0.2)
 
     poller = threading.Thread(target=poll, daemon=True)

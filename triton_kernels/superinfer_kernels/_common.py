@@ -327,3 +327,39 @@ def copy_rows(src, src_off, dst, dst_off, tok_mask, row_words, BLOCK_W: tl.const
         mask = tok_mask[:, None] & (cols < row_words)[None, :]
         words = tl.load(src + src_off[:, None] + cols[None, :], mask=mask)
         tl.store(dst + dst_off[:, None] + cols[None, :], words, mask=mask)
+
+
+# ---- shared checks of the quantizing launchers (kv_fp8.py, kv_int4.py) --------------------------
+def check_float_pool(fmt: str, dtype: torch.dtype, codes: dict, k_ptrs: torch.Tensor, v_ptrs: torch.Tensor,
+                     slots: torch.Tensor, block_ids: torch.Tensor) -> int:
+    """The pool side of a quantizing launch: a float pool dtype it encodes (`codes`), valid pointer
+    tables and index tensors. Returns the layer count."""
+    if dtype not in codes:
+        fail(f"{fmt} rotary blocks quantize a float32/float16/bfloat16 KV pool, not {dtype}")
+    device = k_ptrs.device
+    layers = check_pointers(k_ptrs, v_ptrs, device)
+    check_index("slots", slots, device)
+    check_index("block_ids", block_ids, device)
+    return layers
+
+
+def check_rows(k_ptrs: torch.Tensor, v_ptrs: torch.Tensor, slots: torch.Tensor, block_ids: torch.Tensor,
+               num_blocks: int, block_tokens: int, layer_shape: tuple[int, int, int], dtype: torch.dtype,
+               pool_align: int | None) -> None:
+    """Block ids and slots in range, and the pool's pointers aligned to its rows and elements."""
+    rows, heads, head_dim = layer_shape
+    check_block_ids("block_ids", block_ids, slots.numel(), block_tokens, num_blocks)
+    check_slots_in_range(slots, rows)
+    elem = torch.empty((), dtype=dtype).element_size()
+    align = default_pool_align(heads * head_dim * elem) if pool_align is None else pool_align
+    check_pointer_alignment(k_ptrs, v_ptrs, align)
+    if align % elem:
+        fail(f"pool pointers must be aligned to the {elem}-byte elements, pool_align={align}")
+
+
+def program_count(device: torch.device, max_programs: int | None, num_items: int) -> int:
+    """Programs of a persistent launch over `num_items` work items."""
+    cap = default_programs(device) if max_programs is None else max_programs
+    if cap < 1:
+        fail(f"max_programs must be >= 1, got {cap}")
+    return min(cap, num_items)

@@ -19,16 +19,12 @@ import triton
 import triton.language as tl
 
 from superinfer_kernels._common import (
-    check_block_ids,
     check_block_memory,
     check_blocks_tensor,
-    check_index,
-    check_pointer_alignment,
-    check_pointers,
-    check_slots_in_range,
-    default_pool_align,
-    default_programs,
+    check_float_pool,
+    check_rows,
     fail,
+    program_count,
     runnable,
 )
 
@@ -167,13 +163,9 @@ def _scatter_fp8_kernel(
 def _launch(kernel, k_ptrs, v_ptrs, slots, blocks, scales, block_ids, layer_shape, dtype, max_programs, pool_align):
     rows, heads, head_dim = layer_shape
     device = k_ptrs.device
-    if dtype not in SRC_CODES:
-        fail(f"fp8 rotary blocks quantize a float32/float16/bfloat16 KV pool, not {dtype}")
+    layers = check_float_pool("fp8", dtype, SRC_CODES, k_ptrs, v_ptrs, slots, block_ids)
     if blocks.dtype not in FP8_STORE:
         fail(f"fp8 block memory must be float8_e4m3fn (or its uint8 view), got {blocks.dtype}")
-    layers = check_pointers(k_ptrs, v_ptrs, device)
-    check_index("slots", slots, device)
-    check_index("block_ids", block_ids, device)
     block_tokens = check_blocks_tensor("blocks", blocks, layers, heads, head_dim, blocks.dtype)
     check_block_memory("blocks", blocks, device)
     if scales.shape != (blocks.shape[0], layers, 2, heads) or scales.dtype != torch.float32:
@@ -182,23 +174,14 @@ def _launch(kernel, k_ptrs, v_ptrs, slots, blocks, scales, block_ids, layer_shap
     if scales.shape[0] > 0 and not scales[0].is_contiguous():
         fail("scales must be contiguous within a block")
     check_block_memory("scales", scales, device)
+    check_rows(k_ptrs, v_ptrs, slots, block_ids, blocks.shape[0], block_tokens, layer_shape, dtype, pool_align)
     n = slots.numel()
-    check_block_ids("block_ids", block_ids, n, block_tokens, blocks.shape[0])
-    check_slots_in_range(slots, rows)
-    elem = torch.empty((), dtype=dtype).element_size()
-    align = default_pool_align(heads * head_dim * elem) if pool_align is None else pool_align
-    check_pointer_alignment(k_ptrs, v_ptrs, align)
-    if align % elem:
-        fail(f"pool pointers must be aligned to the {elem}-byte elements, pool_align={align}")
     if n == 0:
         return
     block_d = triton.next_power_of_2(head_dim)
     block_t = max(1, min(triton.next_power_of_2(block_tokens), MAX_TILE_ELEMS // block_d))
     num_items = triton.cdiv(n, block_tokens) * layers * 2
-    cap = default_programs(device) if max_programs is None else max_programs
-    if cap < 1:
-        fail(f"max_programs must be >= 1, got {cap}")
-    runnable(kernel, device)[(min(cap, num_items),)](
+    runnable(kernel, device)[(program_count(device, max_programs, num_items),)](
         k_ptrs.view(torch.int64), v_ptrs.view(torch.int64), slots, block_ids, blocks.view(torch.uint8), scales,
         n, num_items, layers, heads, head_dim, block_tokens, blocks.stride(0), scales.stride(0),
         SRC=SRC_CODES[dtype], BLOCK_T=block_t, BLOCK_D=block_d,

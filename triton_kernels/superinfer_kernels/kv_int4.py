@@ -18,18 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from superinfer_kernels._common import (
-    check_block_ids,
-    check_block_memory,
-    check_index,
-    check_pointer_alignment,
-    check_pointers,
-    check_slots_in_range,
-    default_pool_align,
-    default_programs,
-    fail,
-    runnable,
-)
+from superinfer_kernels._common import check_block_memory, check_float_pool, check_rows, fail, program_count, runnable
 from superinfer_kernels.kv_fp8 import SRC_CODES, _load_f32, _max2, _row_base, _store_from_f32
 
 GROUP = 32  # = quant_int4.GROUP
@@ -136,13 +125,9 @@ def _scatter_int4_kernel(
 def _launch(kernel, k_ptrs, v_ptrs, slots, blocks, block_ids, layer_shape, dtype, max_programs, pool_align):
     rows, heads, head_dim = layer_shape
     device = k_ptrs.device
-    if dtype not in SRC_CODES:
-        fail(f"int4 rotary blocks quantize a float32/float16/bfloat16 KV pool, not {dtype}")
+    layers = check_float_pool("int4", dtype, SRC_CODES, k_ptrs, v_ptrs, slots, block_ids)
     if blocks.dtype != torch.uint8:
         fail(f"int4 block memory must be uint8, got {blocks.dtype}")
-    layers = check_pointers(k_ptrs, v_ptrs, device)
-    check_index("slots", slots, device)
-    check_index("block_ids", block_ids, device)
     rb = row_bytes(head_dim)
     if blocks.dim() != 6 or tuple(blocks.shape[1:3]) + tuple(blocks.shape[4:]) != (layers, 2, heads, rb):
         fail(f"int4 blocks must be [blocks, {layers}, 2, block_tokens, {heads}, {rb}] (row_bytes of head_dim "
@@ -153,24 +138,15 @@ def _launch(kernel, k_ptrs, v_ptrs, slots, blocks, block_ids, layer_shape, dtype
     if blocks.shape[0] > 0 and not blocks[0].is_contiguous():
         fail("blocks must be contiguous within a block (only the block stride may differ)")
     check_block_memory("blocks", blocks, device)
+    check_rows(k_ptrs, v_ptrs, slots, block_ids, blocks.shape[0], block_tokens, layer_shape, dtype, pool_align)
     n = slots.numel()
-    check_block_ids("block_ids", block_ids, n, block_tokens, blocks.shape[0])
-    check_slots_in_range(slots, rows)
-    elem = torch.empty((), dtype=dtype).element_size()
-    align = default_pool_align(heads * head_dim * elem) if pool_align is None else pool_align
-    check_pointer_alignment(k_ptrs, v_ptrs, align)
-    if align % elem:
-        fail(f"pool pointers must be aligned to the {elem}-byte elements, pool_align={align}")
     if n == 0:
         return
     # a tile spans one group (GROUP values), or the whole row when it is shorter than a group
     half_g = GROUP // 2 if head_dim >= GROUP else triton.next_power_of_2((head_dim + 1) // 2)
     block_t = max(1, min(triton.next_power_of_2(block_tokens), MAX_TILE_ELEMS // (2 * half_g)))
     num_items = triton.cdiv(n, block_tokens) * layers * 2
-    cap = default_programs(device) if max_programs is None else max_programs
-    if cap < 1:
-        fail(f"max_programs must be >= 1, got {cap}")
-    runnable(kernel, device)[(min(cap, num_items),)](
+    runnable(kernel, device)[(program_count(device, max_programs, num_items),)](
         k_ptrs.view(torch.int64), v_ptrs.view(torch.int64), slots, block_ids, blocks,
         n, num_items, layers, heads, head_dim, block_tokens, blocks.stride(0), rb, (head_dim + 1) // 2,
         SRC=SRC_CODES[dtype], BLOCK_T=block_t, HALF_G=half_g,
