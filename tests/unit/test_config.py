@@ -193,6 +193,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
         "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms", "--prefix-cache",
+        "--decode-shortage",
     }
 
 
