@@ -63,7 +63,6 @@ def answer(rt: Any, original: Callable[[Any], Retraction], batch: Any) -> Retrac
     """`ScheduleBatch.retract_decode(batch)`, with rotation first (module docstring). `original`:
     SGLang's retract_decode bound to nothing (called as `original(batch)`)."""
     if not active(rt):
-        count(rt, "retraction")
         return sglang_retraction(rt, original(batch))
     order = rt.broadcast(victim_order(rt, batch) if rt.sync.rank == 0 else None)
     now = time.monotonic()
@@ -82,7 +81,6 @@ def answer(rt: Any, original: Callable[[Any], Retraction], batch: Any) -> Retrac
             kept.remove(i)
             rotated.append(batch.reqs[i])
     if not rotated:
-        count(rt, "retraction")
         return sglang_retraction(rt, original(batch))
     copy_metrics.publish(rt.engine.copy_timer)
     batch.filter_batch(keep_indices=kept)
@@ -92,8 +90,7 @@ def answer(rt: Any, original: Callable[[Any], Retraction], batch: Any) -> Retrac
         logger.debug("superinfer: decode memory short: %d request(s) rotated out to host, none retracted",
                      len(rotated))
         return [], new_token_ratio(batch.reqs), []
-    count(rt, "rotation_and_retraction")
-    result = sglang_retraction(rt, original(batch))
+    result = sglang_retraction(rt, original(batch), rotated=True)
     logger.info("superinfer: decode memory short: %d request(s) rotated out, %d retracted by SGLang (host "
                 "pool full or not rotatable)", len(rotated), len(result[0]))
     return result
@@ -141,10 +138,13 @@ def rotate_one(rt: Any, req: Any, now: float) -> bool:
     return True
 
 
-def sglang_retraction(rt: Any, result: Retraction) -> Retraction:
+def sglang_retraction(rt: Any, result: Retraction, rotated: bool = False) -> Retraction:
     """SGLang retracted these requests to recompute them: counted, and their host mirrors dropped
-    (recomputed KV may differ in its last bits from a mirror)."""
-    retracted = result[0]
+    (recomputed KV may differ in its last bits from a mirror). `rotated`: after rotations of ours.
+    (SGLang's forced test retraction of a one-request batch takes nobody: no shortage counted.)"""
+    retracted, aborted = result[0], result[2]
+    if retracted or aborted or rotated:
+        count(rt, "rotation_and_retraction" if rotated else "retraction")
     rt.stats.sglang_retractions += len(retracted)
     rt.forget_kv(retracted)
     return result
