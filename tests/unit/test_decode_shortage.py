@@ -260,3 +260,30 @@ def test_sglangs_forced_test_retraction_rotates_one_request(monkeypatch: pytest.
     st = rig.rt.stats
     assert st.shortages == {"rotated_requests": 1, "rotation": 1} and st.sglang_retractions == 0
     assert rig.rt.store.entries.keys() == {"b"}
+
+
+@pytest.mark.parametrize("mode, decoding, rotated", [
+    ("MIXED", ("a", "c"), "c"),  # b is a prefill row (a resume's extend, say): c goes, rotated
+    ("MIXED", (), None),  # every row a prefill row: nothing rotatable, SGLang retracts b
+    ("EXTEND", ("a", "b", "c"), None),  # a prefill batch in flight: its KV is still being written
+])
+def test_decode_rows_of_an_in_flight_mixed_batch_may_rotate(monkeypatch: pytest.MonkeyPatch, sglang_config: None,
+                                                           mode: str, decoding: tuple[str, ...],
+                                                           rotated: str | None) -> None:
+    """Under the overlap scheduler the batch in flight is SGLang's last_batch: after a mixed step its
+    decode rows write only their last output token's KV (never copied) and may be rotated out; its
+    prefill rows may not (views.rotatable refuses them all)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    rig = Rig(monkeypatch, host_blocks=16)
+    rig.sched.last_batch = SimpleNamespace(forward_mode=getattr(ForwardMode, mode), reqs=list(rig.reqs),
+                                           decoding_reqs=[rig.req(r) for r in decoding])
+    out = rig.update_running_batch()
+    st = rig.rt.stats
+    if rotated is None:
+        assert [r.rid for r, _ in rig.requeued] == ["b"] and not rig.rt.store.entries
+        assert st.shortages == {"retraction": 1}
+    else:
+        assert rig.requeued == [] and rig.rt.store.entries.keys() == {rotated}
+        assert rotated not in [r.rid for r in out.reqs] and st.shortages == {"rotated_requests": 1, "rotation": 1}
+    assert rig.sched.last_batch.forward_mode == getattr(ForwardMode, mode)  # set back after the check
