@@ -10,7 +10,8 @@ pool the shortage is answered by rotation: nobody is retracted or requeued, the 
 request goes first (SGLang would have taken another), the batch left passes SGLang's check, and a
 resume through the runtime's own step restores the victim's KV byte for byte into other slots; once
 everything finishes no device slot, request row or host block is left. With a full host pool
-SGLang's own retraction runs, unchanged. `--decode-shortage retract` keeps SGLang's retraction
+SGLang's own retraction runs, unchanged; when rotation frees too little, SGLang's retraction takes
+the rest. `--decode-shortage retract` keeps SGLang's retraction
 whatever the host pool holds; SGLang's forced test retraction (memory not short) rotates one request.
 """
 
@@ -287,3 +288,21 @@ def test_decode_rows_of_an_in_flight_mixed_batch_may_rotate(monkeypatch: pytest.
         assert rig.requeued == [] and rig.rt.store.entries.keys() == {rotated}
         assert rotated not in [r.rid for r in out.reqs] and st.shortages == {"rotated_requests": 1, "rotation": 1}
     assert rig.sched.last_batch.forward_mode == getattr(ForwardMode, mode)  # set back after the check
+
+
+def test_what_rotation_cannot_take_goes_to_sglangs_retraction(monkeypatch: pytest.MonkeyPatch,
+                                                             sglang_config: None) -> None:
+    """The next step needs 30 tokens (as a larger page or speculative decoding would): rotating c
+    frees 19, the host pool (5 blocks) then takes nobody else, and SGLang's own retract_decode runs on
+    what is left: it retracts its victim, b, and the two answers are returned as one."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    rig = Rig(monkeypatch, host_blocks=5)
+    monkeypatch.setattr(ScheduleBatch, "new_tokens_required_next_decode", lambda self, selected_indices=None: 30)
+    rig.lose("c")
+    out = rig.update_running_batch()
+    assert [r.rid for r in out.reqs] == ["a"]
+    assert rig.rt.store.entries.keys() == {"c"} and [(r.rid, back) for r, back in rig.requeued] == [("b", True)]
+    st = rig.rt.stats
+    assert st.shortages == {"rotated_requests": 1, "rotation_and_retraction": 1} and st.sglang_retractions == 1
+    assert rig.alloc.available_size() == 19 + 22 and _host_used(rig) == 5
