@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from superinfer_sgl.registry import Registry
 from superinfer_sgl.rotasched.goodput import GoodputLvf
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
+from superinfer_sgl.rotasched.pending import StepQueue
 from superinfer_sgl.rotasched.policy import LvfPolicy, PaperLvf, PolicyClass
 from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
@@ -57,23 +58,22 @@ def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> flo
     return POLICIES[policy].quantum_s(rotation_s)
 
 
-def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
+def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blocks: int, now: float,
               params: VltParams, policy: LvfPolicy, chunked_active: bool) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
     policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
-    known)."""
-    listed = list(views)
-    cap = policy.prefill_cap(listed)
+    known). `views`: a flat list, or the server's `StepQueue` (its pending index kept between
+    steps)."""
+    queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
+    cap = policy.prefill_cap(queue.running)
     if cap is not None:
         policy = policy.capped(cap)
-    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, policy)
+    decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy)
     if not chunked_active:
-        decision = idle_resume(decision, views, now, params, policy)
-    admitted: list[ReqView] = []
-    if decision.admit:
-        by_rid = {v.rid: v for v in listed}
-        admitted = [by_rid[rid] for rid in decision.admit]
-    cap = policy.step_cap(listed, admitted, now, cap)
+        decision = idle_resume(decision, queue, now, params, policy)
+    pending = queue.pending.views
+    admitted: list[ReqView] = [pending[rid] for rid in decision.admit]
+    cap = policy.step_cap(queue.running, admitted, now, cap)
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
     return decision

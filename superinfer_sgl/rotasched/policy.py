@@ -22,15 +22,22 @@ policy class is chosen by name (`planner.POLICIES`) and built per step by `for_s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from superinfer_sgl.rotasched.request_view import ReqView
+
+if TYPE_CHECKING:
+    from superinfer_sgl.rotasched.pending import PendingIndex
+    from superinfer_sgl.rotasched.vlt import VltParams
 
 PROMOTED, VIABLE, BEST_EFFORT = 0, 1, 2  # tiers, scanned in this order
 PAPER_QUANTUM_S = 5.0  # the paper policy's rotation quantum (chosen in the simulator: docs/sim.md)
 
 Ranks = tuple[list[int], list[float]]  # (tiers, keys) of views in order: smaller first
+# A ranked row, as LVF's head scan reads it: (tier, key, arrival, rid, view, hot); hot: VLT > 0.
+# Rids are unique, so rows sort by (tier, key, arrival, rid) and views are never compared.
+Row = tuple[int, float, float, str, ReqView, bool]
 
 
 class LvfPolicy(Protocol):
@@ -47,6 +54,11 @@ class LvfPolicy(Protocol):
         ranks every queued request every iteration, so no tuple per request)."""
         ...
 
+    def head_rows(self, pending: PendingIndex, now: float, vlt_params: VltParams) -> Iterator[Row] | None:
+        """The pending views' rows in `rank`'s order, produced lazily from structures kept on the
+        index between steps (`PendingIndex.book`); None: LVF ranks every pending view itself."""
+        ...
+
     def defers(self, view: ReqView, now: float, ahead_tokens: int) -> bool:
         """A VIABLE waiting request goes to the end of the scan as BEST_EFFORT, with
         `ahead_tokens` prompt tokens of this step's prefills chosen before it."""
@@ -55,11 +67,12 @@ class LvfPolicy(Protocol):
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:
         """Rotate-out candidates among `movable` (rotatable running views, `stints` their VLTs:
-        -stint length), tail first; `views`: every request of the step."""
+        -stint length), tail first; `views`: every running request of the step."""
         ...
 
     def prefill_cap(self, views: list[ReqView]) -> int | None:
-        """Prefill tokens this step may carry whoever is admitted; None: no cap."""
+        """Prefill tokens this step may carry whoever is admitted (`views`: the running ones);
+        None: no cap."""
         ...
 
     def capped(self, chunk: int) -> LvfPolicy:
@@ -68,7 +81,8 @@ class LvfPolicy(Protocol):
 
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:
-        """The step's prefill cap once `admitted` (in offer order) are chosen; `cap`: `prefill_cap`'s."""
+        """The step's prefill cap once `admitted` (in offer order) are chosen (`views`: the running
+        ones); `cap`: `prefill_cap`'s."""
         ...
 
 
@@ -111,6 +125,9 @@ class PaperLvf:
 
     def rank(self, views: Sequence[ReqView], lags: Sequence[float], now: float) -> Ranks:
         return [VIABLE] * len(lags), [-lag for lag in lags]
+
+    def head_rows(self, pending: PendingIndex, now: float, vlt_params: VltParams) -> None:
+        return None  # VLT order: LVF ranks every pending view (a heap, read as far as it goes)
 
     def defers(self, view: ReqView, now: float, ahead_tokens: int) -> bool:
         return False

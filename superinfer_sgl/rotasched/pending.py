@@ -1,0 +1,104 @@
+"""A step's queue as LVF reads it: the running views, and the waiting and rotary ones in an index
+kept between steps (`PendingIndex`), so that a step costs what changed, not what is queued.
+
+The index holds one view per waiting or rotary request and the sum of their block needs (LVF's
+first question: does memory cover them all?). A policy that can rank lazily keeps its own ordered
+structures on it (`book`): a book is told of every view put in or dropped, and re-files a view only
+when what it files it by changed. Thousands of requests queue on a GPU server, and the head scan
+mostly reads a handful of them (docs/architecture.md, "Scheduler cost"). Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
+
+_RUNNING = ReqState.RUNNING
+
+
+class Book(Protocol):
+    """A policy's ordered structures over an index's views."""
+
+    def filing(self, view: ReqView) -> Hashable:
+        """What the book files `view` by: it is re-filed only when this changes."""
+        ...
+
+    def add(self, view: ReqView) -> None: ...
+
+    def remove(self, view: ReqView) -> None: ...
+
+
+B = TypeVar("B", bound=Book)
+
+
+class PendingIndex:
+    """Waiting and rotary views by rid, their summed block needs, and the policies' books."""
+
+    def __init__(self, views: Iterable[ReqView] = ()) -> None:
+        self.views: dict[str, ReqView] = {}
+        self.blocks_needed = 0
+        self._books: dict[type, Book] = {}
+        for view in views:
+            self.put(view)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __iter__(self) -> Iterator[ReqView]:
+        return iter(self.views.values())
+
+    def put(self, view: ReqView) -> None:
+        """Add `view`, or replace the view of its rid."""
+        assert view.state is not _RUNNING, view.rid
+        old = self.views.get(view.rid)
+        if old is view:
+            return
+        self.views[view.rid] = view
+        self.blocks_needed += view.blocks_needed - (0 if old is None else old.blocks_needed)
+        for book in self._books.values():
+            if old is None:
+                book.add(view)
+            elif book.filing(old) != book.filing(view):
+                book.remove(old)
+                book.add(view)
+
+    def drop(self, rid: str) -> None:
+        old = self.views.pop(rid, None)
+        if old is None:
+            return
+        self.blocks_needed -= old.blocks_needed
+        for book in self._books.values():
+            book.remove(old)
+
+    def book(self, kind: type[B]) -> B:
+        """The book of this kind, filled from the index's views the first time it is asked for."""
+        got = self._books.get(kind)
+        if got is None:
+            got = kind()
+            for view in self.views.values():
+                got.add(view)
+            self._books[kind] = got
+        return got  # type: ignore[return-value]
+
+
+@dataclass
+class StepQueue:
+    """Every request of a step: `running` views (in batch order) and the `pending` index."""
+
+    running: list[ReqView] = field(default_factory=list)
+    pending: PendingIndex = field(default_factory=PendingIndex)
+
+    @classmethod
+    def of(cls, views: Iterable[ReqView]) -> StepQueue:
+        """A queue from a flat list of views (the simulator's and the tests' form)."""
+        listed = list(views)
+        assert len({v.rid for v in listed}) == len(listed), "duplicate rid in views"
+        running = [v for v in listed if v.state is _RUNNING]
+        return cls(running, PendingIndex(v for v in listed if v.state is not _RUNNING))
+
+    def __iter__(self) -> Iterator[ReqView]:
+        yield from self.running
+        yield from self.pending
