@@ -281,6 +281,10 @@ class GoodputLvf:
         return view.last_token is None and not ttft_reachable(view, now, ahead_tokens, self.params.costs,
                                                               self.chunk)
 
+    def victim_candidates(self, running: list[ReqView]) -> list[ReqView]:
+        """The lost ones (`victim_key`; `lost`, inlined: this reads every running view)."""
+        return [v for v in running if v.ttft_met is False or v.misses_left < 0]
+
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:
         """Lost requests only (`victim_key`), and only while a rotation's stall is affordable."""

@@ -132,12 +132,11 @@ def _contended(
         heap = _rows(list(queue.pending), now, params, policy)
         heapq.heapify(heap)
         rows = _pop_all(heap)
-    running = queue.running
     # Memory an urgent request could ever get: what is free plus what running requests hold.
-    scan = _HeadScan(_LazyOrder(rows), free, budget, lambda: free + sum([v.blocks_held for v in running]),
-                     now, policy)
+    scan = _HeadScan(_LazyOrder(rows), free, budget, free + queue.held_floor,
+                     lambda: free + sum([v.blocks_held for v in queue.fresh_running()]), now, policy)
     chosen, used, blocked = scan.run(free + budget)
-    out = _tail_scan(_victims(running, now, params, policy), used - free, budget) if used > free else []
+    out = _tail_scan(_victims(queue, now, params, policy), used - free, budget) if used > free else []
     freed = sum(v.blocks_held for v in out)
     if used > free + freed:
         # The tail could not free enough: rescan against what it did free. The rescan
@@ -196,10 +195,13 @@ class _LazyOrder:
             i += 1
 
 
-def _victims(running: list[ReqView], now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
+def _victims(queue: StepQueue, now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
     """Step 4's candidates, tail first: rotatable running requests with VLT < 0 that the policy
-    lets go (the paper's: the longest stint first)."""
-    movable = [v for v in running if v.rotatable and v.blocks_held > 0]
+    lets go (the paper's: the longest stint first). Only those the policy may rotate out are
+    read fresh (their blocks and rotatability: `StepQueue.fresh`)."""
+    running = queue.running
+    fresh = queue.fresh(policy.victim_candidates(running))
+    movable = [v for v in fresh if v.rotatable and v.blocks_held > 0]
     if not movable:  # (every policy picks victims among these only)
         return []
     stints = vlts(movable, now, params)  # -stint length for running requests
@@ -224,18 +226,20 @@ class _HeadScan:
     does not fit stops the scan, as an urgent one does (but it never displaces anyone).
     """
 
-    def __init__(self, pending: _LazyOrder, free: int, budget: int, wall: Callable[[], int], now: float,
-                 policy: LvfPolicy) -> None:
+    def __init__(self, pending: _LazyOrder, free: int, budget: int, wall_floor: int, wall: Callable[[], int],
+                 now: float, policy: LvfPolicy) -> None:
         self.pending, self.free, self.budget, self._wall = pending, free, budget, wall
         self.now, self.policy = now, policy
-        self._wall_blocks: int | None = None
+        self._wall_floor, self._wall_blocks = wall_floor, None
 
-    @property
-    def wall(self) -> int:
-        """Computed when first asked (only an urgent request that does not fit asks)."""
+    def within_wall(self, need: int) -> bool:
+        """need <= the wall; the wall is summed only where its floor does not settle it (only an
+        urgent request that does not fit asks)."""
+        if need <= self._wall_floor:
+            return True
         if self._wall_blocks is None:
             self._wall_blocks = self._wall()
-        return self._wall_blocks
+        return need <= self._wall_blocks
 
     def run(self, cap: int) -> tuple[list[ReqView], int, str | None]:
         """Returns (chosen, blocks used, blocked rid)."""
@@ -254,7 +258,7 @@ class _HeadScan:
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):
                 queued = urgent or (queues_best_effort and tier == BEST_EFFORT)
-                if queued and need <= self.wall and not (view.state is _ROTARY and need > budget):
+                if queued and self.within_wall(need) and not (view.state is _ROTARY and need > budget):
                     return chosen, used, view.rid
                 continue
             if view.state is _ROTARY:

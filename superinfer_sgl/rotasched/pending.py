@@ -10,7 +10,7 @@ mostly reads a handful of them (docs/architecture.md, "Scheduler cost"). Pure Py
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -86,10 +86,30 @@ class PendingIndex:
 
 @dataclass
 class StepQueue:
-    """Every request of a step: `running` views (in batch order) and the `pending` index."""
+    """Every request of a step: `running` views (in batch order) and the `pending` index.
+
+    With `refresh` set, the running views are current in what a policy reads every step (states,
+    stints, SLOs, first tokens, gaps left to miss) but may hold older `blocks_held` and
+    `rotatable`, which only LVF's wall and its victims read: they ask `fresh` for the views they
+    read (`refresh(views)`: those views with every field current). The server's views: checking
+    every running request's blocks and rotatability each step cost more than the rest of it."""
 
     running: list[ReqView] = field(default_factory=list)
     pending: PendingIndex = field(default_factory=PendingIndex)
+    refresh: Callable[[list[ReqView]], list[ReqView]] | None = None
+    # At most the running views' blocks held (fresh): LVF's wall is summed exactly only when a
+    # request needs more than free memory plus this (the server's: from the batch's tokens).
+    held_floor: int = 0
+
+    def fresh(self, views: list[ReqView]) -> list[ReqView]:
+        """`views` (running ones of this queue) with every field current."""
+        return views if self.refresh is None or not views else self.refresh(views)
+
+    def fresh_running(self) -> list[ReqView]:
+        """Every running view with every field current."""
+        if self.refresh is not None:
+            self.running, self.refresh = self.refresh(self.running), None
+        return self.running
 
     @classmethod
     def of(cls, views: Iterable[ReqView]) -> StepQueue:
@@ -100,5 +120,5 @@ class StepQueue:
         return cls(running, PendingIndex(v for v in listed if v.state is not _RUNNING))
 
     def __iter__(self) -> Iterator[ReqView]:
-        yield from self.running
+        yield from self.fresh_running()
         yield from self.pending

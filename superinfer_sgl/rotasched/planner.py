@@ -9,7 +9,8 @@ else. The policy is chosen by name (--policy) from `POLICIES`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from superinfer_sgl.registry import Registry
 from superinfer_sgl.rotasched.goodput import GoodputLvf
@@ -90,7 +91,7 @@ def chunk_tokens(configured: int | None, decision: Decision, mixed_rows: int = 0
     return min(configured, decision.prefill_cap + max(0, mixed_rows))
 
 
-def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: Decision) -> list[str]:
+def admission_order(waiting: Iterable[str], restored: Sequence[str], decision: Decision) -> list[str]:
     """The waiting queue as the PrefillAdder sees it: restored requests (resumed earlier or now,
     their KV back in the radix tree) first, then LVF's admissions in LVF's order (a rid in both
     keeps its later place), then every other waiting request in queue order: LVF counts in whole
@@ -100,7 +101,7 @@ def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: D
     take the memory it waits for. `waiting` is the queue (restored rids may already be in it)."""
     first = [*restored, *decision.admit]
     rank = {rid: i for i, rid in enumerate(first)}  # a rid listed twice keeps its later place
-    queued = set(waiting)
+    queued = waiting if isinstance(waiting, AbstractSet) else set(waiting)  # (the server's: dict keys)
     ranked = sorted((rid for rid in rank if rid in queued or rid in restored), key=rank.__getitem__)
     blocked = decision.blocked
     if blocked is not None:  # (rids are unique: the queue's rest is the blocked one, or nobody)

@@ -64,6 +64,12 @@ class LvfPolicy(Protocol):
         `ahead_tokens` prompt tokens of this step's prefills chosen before it."""
         ...
 
+    def victim_candidates(self, running: list[ReqView]) -> list[ReqView]:
+        """The running views `victims` could pick, told from what every view holds current (state,
+        stint, SLOs, first token, gaps left to miss; not its blocks or rotatability): only these
+        are refreshed before `victims` is asked."""
+        ...
+
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:
         """Rotate-out candidates among `movable` (rotatable running views, `stints` their VLTs:
@@ -131,6 +137,9 @@ class PaperLvf:
 
     def defers(self, view: ReqView, now: float, ahead_tokens: int) -> bool:
         return False
+
+    def victim_candidates(self, running: list[ReqView]) -> list[ReqView]:
+        return running
 
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:

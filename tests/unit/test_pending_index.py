@@ -122,3 +122,28 @@ def test_a_deadline_exactly_now_is_still_viable() -> None:
     policy = GoodputLvf(GoodputParams(StepCosts(0.0, 0.0, 0.0, 0.0)))
     rows = list(policy.head_rows(PendingIndex([v]), NOW, VltParams()))
     assert [r[0] for r in rows] == [1]  # VIABLE
+
+
+def _running(rid: str, held: int, rotatable: bool) -> ReqView:
+    # lost (TTFT missed), stint long over: the goodput policy may rotate it out
+    return ReqView(rid, ReqState.RUNNING, NOW - 60.0, NOW - 1.0, NOW - 50.0, 1.0, 0.1, 0, held, rotatable,
+                   misses_left=3, ttft_met=False)
+
+
+def test_the_wall_and_the_victims_read_fresh_running_views() -> None:
+    """A queue's running views may hold older blocks and rotatability (StepQueue.refresh): LVF's
+    wall (could the urgent request ever fit?) and its victims must read the fresh ones."""
+    urgent = ReqView("w", ReqState.WAITING, NOW - 0.8, None, None, 1.0, 0.1, 5, 0, prefill_tokens=4)
+    policy = GoodputLvf(GoodputParams(StepCosts(0.0, 0.0, 0.0, 0.0)))
+    stale = [_running("r", 1, False)]
+    fresh = [_running("r", 10, True)]
+
+    def refresh(views: list[ReqView]) -> list[ReqView]:
+        return [f for f in fresh if f.rid in {v.rid for v in views}]
+
+    d = lvf.lvf_decide(StepQueue(stale, PendingIndex([urgent]), refresh), 0, 100, NOW, VltParams(), policy)
+    assert d == lvf.lvf_decide([*fresh, urgent], 0, 100, NOW, VltParams(), policy)
+    assert d.rotate_out == ("r",) and d.admit == ("w",)
+    # without a rotation budget the urgent request waits for the memory "r" holds (the wall)
+    d = lvf.lvf_decide(StepQueue(stale, PendingIndex([urgent]), refresh), 0, 0, NOW, VltParams(), policy)
+    assert d.blocked == "w"
