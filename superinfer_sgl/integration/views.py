@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 from ..rotasched import ReqState, ReqView
@@ -116,21 +117,20 @@ class QueueWatch:
     def reset(self) -> None:
         """Forget the last look: every entry is new again (after aborts dropped clocks)."""
         self._held: list[Any] = []
-        self._ids: list[int] = []
         self._id_set: set[int] = set()
         self._changed, self._new = True, []  # since the last `take`
         self.by_rid: dict[str, Any] = {}  # rid -> request, in queue order
 
     def look(self, queue: list[Any]) -> list[Any]:
         """The entries new since the last look (all of them after `reset`)."""
-        ids = list(map(id, queue))
-        if ids == self._ids:
+        held = self._held
+        if len(queue) == len(held) and all(map(is_, queue, held)):
             return []
         seen = self._id_set
         new = [r for r in queue if id(r) not in seen]
         self._changed = True
         self._new += new
-        self._held, self._ids, self._id_set = list(queue), ids, set(ids)
+        self._held, self._id_set = list(queue), set(map(id, queue))
         self.by_rid = {r.rid: r for r in queue}
         return new
 
@@ -198,7 +198,7 @@ class StepViews:
         # float sums' rounding is far inside the margin of one block and a relative 1e-9.
         floor = max(0, int((tokens + reserved) / self.rules.block_tokens * (1.0 - 1e-9)) - 1)
         return StepQueue(running, self.pending, lambda views: self._refresh(sched, young, sglang_ratio, views),
-                         floor), reserved
+                         lambda views: self._refresh(sched, young, sglang_ratio, views, movable=True), floor), reserved
 
     def _running(self, sched: Any, live: list[Any], clocks: dict[str, ReqClock], young: float,
                  sglang_ratio: float) -> tuple[list[ReqView], float, int]:
@@ -225,10 +225,12 @@ class StepViews:
         self.cache = cache  # requests gone since the last step drop out
         return running, reserved, tokens
 
-    def _refresh(self, sched: Any, young: float, sglang_ratio: float, views: list[ReqView]) -> list[ReqView]:
+    def _refresh(self, sched: Any, young: float, sglang_ratio: float, views: list[ReqView],
+                 movable: bool = False) -> list[ReqView]:
         """`views` (this step's running views, as `_running` kept them) with every field current: a
         view is rebuilt only where its blocks or its rotatability moved (the rest comes from its
-        clock, at the version it was built at)."""
+        clock, at the version it was built at). `movable`: only those that may be rotated out now
+        (rotatable, holding blocks); the others' blocks are not looked at."""
         cache, rules = self.cache, self.rules
         assert cache is not None
         out: list[ReqView] = []
@@ -236,13 +238,16 @@ class StepViews:
             hit = cache[view.rid]
             req, start = hit.req, view.run_start
             can = start is not None and start <= young and rotatable(sched, req)
+            if movable and not can:
+                continue
             outputs = len(req.output_ids)
             reserve = rules_.reserve_tokens(hit.max_new - outputs, rules.running_share if hit.fixed else sglang_ratio,
                                             rules.clip)
             if rules_.blocks(hit.prompt + outputs + reserve, rules.block_tokens) != view.blocks_held or \
                     can != view.rotatable:
-                hit = cache[view.rid] = self._build_running(sched, hit.req, hit.clock, young, sglang_ratio)
-            out.append(hit.view)
+                hit = cache[view.rid] = self._build_running(sched, req, hit.clock, young, sglang_ratio)
+            if not movable or hit.view.blocks_held > 0:
+                out.append(hit.view)
         return out
 
     def _build_running(self, sched: Any, req: Any, clk: ReqClock, young: float, sglang_ratio: float) -> _Running:

@@ -197,11 +197,10 @@ class _LazyOrder:
 
 def _victims(queue: StepQueue, now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
     """Step 4's candidates, tail first: rotatable running requests with VLT < 0 that the policy
-    lets go (the paper's: the longest stint first). Only those the policy may rotate out are
-    read fresh (their blocks and rotatability: `StepQueue.fresh`)."""
+    lets go (the paper's: the longest stint first). Only the policy's candidates are read fresh
+    (`StepQueue.movable`)."""
     running = queue.running
-    fresh = queue.fresh(policy.victim_candidates(running))
-    movable = [v for v in fresh if v.rotatable and v.blocks_held > 0]
+    movable = queue.movable(policy.victim_candidates(running))
     if not movable:  # (every policy picks victims among these only)
         return []
     stints = vlts(movable, now, params)  # -stint length for running requests

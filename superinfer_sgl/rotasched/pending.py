@@ -90,20 +90,29 @@ class StepQueue:
 
     With `refresh` set, the running views are current in what a policy reads every step (states,
     stints, SLOs, first tokens, gaps left to miss) but may hold older `blocks_held` and
-    `rotatable`, which only LVF's wall and its victims read: they ask `fresh` for the views they
-    read (`refresh(views)`: those views with every field current). The server's views: checking
-    every running request's blocks and rotatability each step cost more than the rest of it."""
+    `rotatable`, which only LVF's wall and its victims read: the wall asks `fresh_running`
+    (`refresh(views)`: those views with every field current), the victims `movable`. The
+    server's views: checking every running request's blocks and rotatability each step cost
+    more than the rest of the step."""
 
     running: list[ReqView] = field(default_factory=list)
     pending: PendingIndex = field(default_factory=PendingIndex)
     refresh: Callable[[list[ReqView]], list[ReqView]] | None = None
+    # Of the views given, those that may be rotated out now, fresh (the server's: only their
+    # rotatability is checked first, their blocks where it holds); None: read them as they are.
+    movable_of: Callable[[list[ReqView]], list[ReqView]] | None = None
     # At most the running views' blocks held (fresh): LVF's wall is summed exactly only when a
     # request needs more than free memory plus this (the server's: from the batch's tokens).
     held_floor: int = 0
 
-    def fresh(self, views: list[ReqView]) -> list[ReqView]:
-        """`views` (running ones of this queue) with every field current."""
-        return views if self.refresh is None or not views else self.refresh(views)
+    def movable(self, views: list[ReqView]) -> list[ReqView]:
+        """Of `views` (running ones of this queue), those that may be rotated out now: rotatable
+        and holding blocks, with every field current."""
+        if self.refresh is not None and views:
+            if self.movable_of is not None:
+                return self.movable_of(views)
+            views = self.refresh(views)
+        return [v for v in views if v.rotatable and v.blocks_held > 0]
 
     def fresh_running(self) -> list[ReqView]:
         """Every running view with every field current."""
