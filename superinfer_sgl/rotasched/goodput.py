@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from superinfer_sgl.rotasched.pending import PendingIndex
+from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
@@ -319,21 +319,12 @@ class GoodputLvf:
             return t
 
         def viable(rows: list[tuple[float, float, str]], started: bool) -> Iterator[Row]:
-            # rank_key grows with the deadline within a class; equal keys go by (arrival, rid)
-            run: list[Row] = []
+            # rank_key grows with the deadline within a class (sorted_runs: equal keys)
             first = 0 if started else bisect.bisect_left(rows, (now,))
             for _, _, rid in itertools.islice(rows, first, None):
                 view = views[rid]
-                if not started and tier_of(view) != VIABLE:
-                    continue
-                r = row(view, VIABLE)
-                if run and r[1] != run[0][1]:
-                    run.sort()
-                    yield from run
-                    run = []
-                run.append(r)
-            run.sort()
-            yield from run
+                if started or tier_of(view) == VIABLE:
+                    yield row(view, VIABLE)
 
         promoted = []
         for since, _, rid in book.by_since:
@@ -344,7 +335,7 @@ class GoodputLvf:
                 promoted.append(row(view, PROMOTED))
         promoted.sort()
         yield from promoted
-        yield from heapq.merge(*(viable(rows, started) for (_, started), rows in book.deadlines.items()))
+        yield from heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
         for _, _, rid in book.by_outputs:
             view = views[rid]
             if tier_of(view) == BEST_EFFORT:
@@ -397,6 +388,19 @@ class GoodputBook:
         if lost(view):
             return None
         return (view.weight, True), view.last_token + view.tbt_slo
+
+    def fill(self, views: list[ReqView]) -> None:
+        for view in views:
+            rid, arrival = view.rid, view.arrival
+            filed = self._deadline(view)
+            if filed is not None:
+                group, deadline = filed
+                self.deadlines.setdefault(group, []).append((deadline, arrival, rid))
+            if filed is None or view.last_token is None:
+                self.by_since.append((arrival if view.last_token is None else view.last_token, arrival, rid))
+            self.by_outputs.append((-float(view.outputs_left), arrival, rid))
+        for rows in (*self.deadlines.values(), self.by_since, self.by_outputs):
+            rows.sort()
 
     def add(self, view: ReqView) -> None:
         rid, arrival = view.rid, view.arrival

@@ -26,12 +26,32 @@ class Book(Protocol):
         """What the book files `view` by: it is re-filed only when this changes."""
         ...
 
+    def fill(self, views: list[ReqView]) -> None:
+        """File `views` into an empty book (sorted once, not inserted one by one)."""
+        ...
+
     def add(self, view: ReqView) -> None: ...
 
     def remove(self, view: ReqView) -> None: ...
 
 
 B = TypeVar("B", bound=Book)
+R = TypeVar("R", bound=tuple)
+
+
+def sorted_runs(rows: Iterable[R]) -> Iterator[R]:
+    """Ranked rows (tier, key, arrival, rid, ...) whose (tier, key) never decreases, in full row
+    order: each run of equal (tier, key) sorted by arrival, then rid. A book's order (a deadline,
+    an arrival) makes keys non-decreasing, but two different deadlines may round to one key."""
+    run: list[R] = []
+    for row in rows:
+        if run and (row[0], row[1]) != (run[0][0], run[0][1]):
+            run.sort()
+            yield from run
+            run = []
+        run.append(row)
+    run.sort()
+    yield from run
 
 
 class PendingIndex:
@@ -78,8 +98,7 @@ class PendingIndex:
         got = self._books.get(kind)
         if got is None:
             got = kind()
-            for view in self.views.values():
-                got.add(view)
+            got.fill(list(self.views.values()))
             self._books[kind] = got
         return got  # type: ignore[return-value]
 

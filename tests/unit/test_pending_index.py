@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, lvf
-from superinfer_sgl.rotasched.goodput import GoodputBook, GoodputLvf, GoodputParams, StepCosts
+from superinfer_sgl.rotasched.goodput import GoodputLvf, GoodputParams, StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
+from superinfer_sgl.rotasched.policy import PAPER
 
 NOW = 1000.0
 _ms = st.integers(0, 90_000)
@@ -54,18 +55,26 @@ def test_lazy_order_is_the_full_sort(views: list[ReqView], policy: GoodputLvf, v
     assert rows == sorted(lvf._rows(pending, now, vlt, policy))
 
 
+@settings(max_examples=300, deadline=None)
+@given(_views(), _vlt, st.sampled_from([NOW, NOW + 0.3, NOW + 7.5, NOW + 120.0]))
+def test_the_paper_rules_lazy_order_is_the_full_sort(views: list[ReqView], vlt: VltParams, now: float) -> None:
+    pending = [v for v in views if v.state is not ReqState.RUNNING]
+    rows = list(PAPER.head_rows(PendingIndex(pending), now, vlt))
+    assert rows == sorted(lvf._rows(pending, now, vlt, PAPER))
+
+
 _edits = st.lists(st.tuples(st.booleans(), st.integers(0, 39)), max_size=30)
 
 
 @settings(max_examples=200, deadline=None)
-@given(_views(), _views(), _edits, _policy, _vlt, st.integers(0, 60), st.integers(0, 40))
+@given(_views(), _views(), _edits, st.one_of(_policy, st.just(PAPER)), _vlt, st.integers(0, 60), st.integers(0, 40))
 def test_an_index_kept_between_steps_decides_as_a_fresh_one(first: list[ReqView], second: list[ReqView],
-                                                             edits: list[tuple[bool, int]], policy: GoodputLvf,
+                                                             edits: list[tuple[bool, int]], policy: object,
                                                              vlt: VltParams, free: int, budget: int) -> None:
     """Views put, replaced (the same rid, changed) and dropped one by one, with the book built
     before the changes: the same order and decision as an index of the final views."""
     kept = PendingIndex(v for v in first if v.state is not ReqState.RUNNING)
-    kept.book(GoodputBook)  # filled now: every later change must re-file
+    list(policy.head_rows(kept, NOW, vlt))  # its book filled now: every later change must re-file
     final = {v.rid: v for v in first if v.state is not ReqState.RUNNING}
     running_rids = {v.rid for v in first if v.state is ReqState.RUNNING}
     replacements = {v.rid: v for v in second if v.state is not ReqState.RUNNING and v.rid not in running_rids}
