@@ -38,6 +38,7 @@ CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
 CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 SELECT_CORE = "sglang.srt.mem_cache.unified_cache.tree_core_registry.select_tree_core_backend"
 PIN_SHARE = 0.25  # the device pool's share that pinned prefixes may hold
+AUTO_HOST = -1  # --prefix-host-tokens auto: prefix_host.auto_host_tokens
 
 
 class PrefixCacheState:
@@ -97,7 +98,8 @@ def _end_depth(node: Any, root: Any) -> int:
 def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0,
           transfer: str = "auto") -> Iterator[tuple[str, Callable[..., Any], str]]:
     """(target, hook, HookType name) for --prefix-cache; none for SGLang's own radix cache.
-    host_tokens > 0: demotion to a host tier of that many tokens (prefix_host.py)."""
+    host_tokens > 0: demotion to a host tier of that many tokens (prefix_host.py); AUTO_HOST: sized
+    from the device pool (prefix_host.auto_host_tokens); 0: none."""
     if prefix_cache == "radix":
         return
     strategy = strategy_class()
@@ -110,13 +112,14 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0,
         pool = int(getattr(allocator, "size", 0) or 0)
         core._superinfer_prefix = state = PrefixCacheState(pool, pin_share)
         core.eviction_strategy = strategy(state)
-        if host_tokens > 0:
+        if host_tokens != 0:
             from .prefix_host import PrefixHost
 
             state.host, state.host_refused = PrefixHost.open(core, params, state.predictor, host_tokens, transfer)
             if state.host_refused is not None:
-                logger.warning("superinfer: --prefix-host-tokens %d refused, demotion off: %s", host_tokens,
-                               state.host_refused)
+                log = logger.info if host_tokens == AUTO_HOST else logger.warning
+                log("superinfer: prefix host tier (--prefix-host-tokens %s) off: %s",
+                    "auto" if host_tokens == AUTO_HOST else host_tokens, state.host_refused)
             elif state.host is not None:
                 pool = state.host.engine.host_pool
                 logger.info("superinfer: prefix host tier %d tokens (%d blocks x %d, %.3f GiB), transfer=%s",
@@ -196,7 +199,7 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0,
     yield f"{CORE}._split_node", on_split, "AFTER"
     yield f"{CORE}._unregister_node", on_unregister, "BEFORE"
     yield f"{CORE}.evict_device_start", on_evict_start, "BEFORE"
-    if host_tokens > 0:
+    if host_tokens != 0:
         yield f"{CORE}.evict_device_leaf", on_evict_leaf, "BEFORE"
         yield f"{CACHE}._match_tree", around_match, "AROUND"
         yield f"{CORE}.reset", on_reset, "AFTER"

@@ -45,6 +45,18 @@ from ..rotasched.prefix_reuse import DEMOTE_MIN_SCORE, HostPrefixStore, ReusePre
 logger = logging.getLogger(__name__)
 
 BLOCK_TOKENS = 16  # host block size (a multiple of SGLang's page size is used when pages are larger)
+AUTO_RAM_FRACTION = 1 / 8  # --prefix-host-tokens auto: at most this share of the RAM available at startup
+
+
+def auto_host_tokens(pool_tokens: int, bytes_per_token: int, available_ram: int | None = None) -> int:
+    """--prefix-host-tokens auto: as many tokens as the device KV pool (the replay's gain grew with
+    the budget through 2x; 1x keeps host RAM modest beside the rotation pool's quarter of the free
+    RAM), within AUTO_RAM_FRACTION of the available RAM."""
+    if available_ram is None:
+        from ..duplexkv.host_pool import _available_ram_bytes
+
+        available_ram = _available_ram_bytes()
+    return max(0, min(int(pool_tokens), int(AUTO_RAM_FRACTION * available_ram) // max(1, bytes_per_token)))
 
 
 def refusal(core: Any, params: Any) -> str | None:
@@ -101,9 +113,9 @@ class PrefixHost:
     @classmethod
     def open(cls, core: Any, params: Any, predictor: ReusePredictor, host_tokens: int,
              transfer: str = "auto", min_score: float | None = None) -> tuple[PrefixHost | None, str | None]:
-        """The host tier for a tree core, or (None, why not). min_score: DEMOTE_MIN_SCORE by default
-        (read when called: the replay's threshold sweep sets it)."""
-        if host_tokens <= 0:
+        """The host tier for a tree core, or (None, why not). host_tokens < 0: auto_host_tokens.
+        min_score: DEMOTE_MIN_SCORE by default (read when called: the replay's sweep sets it)."""
+        if host_tokens == 0:
             return None, None
         why = refusal(core, params)
         if why is not None:
@@ -111,6 +123,10 @@ class PrefixHost:
         from .kv_adapter import device_pool_view
 
         dev = device_pool_view(params.token_to_kv_pool_allocator.get_kvcache())
+        if host_tokens < 0:
+            host_tokens = auto_host_tokens(params.token_to_kv_pool_allocator.size, dev.bytes_per_token)
+            if host_tokens == 0:
+                return None, "auto: no RAM to spare"
         page = int(params.page_size)
         block = BLOCK_TOKENS if BLOCK_TOKENS % page == 0 else page * -(-BLOCK_TOKENS // page)
         blocks = -(-host_tokens // block)
