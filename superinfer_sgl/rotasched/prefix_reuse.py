@@ -31,6 +31,8 @@ parent leaving the tree, a reset). It never touches memory itself: the caller co
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -290,6 +292,9 @@ class EvictionRanker:
 # that a leaf the predictor gives up on (overdue against the horizon, never hit) is not copied at all;
 # host entries compete by predicted reuse anyway (HostPrefixStore.admit).
 DEMOTE_MIN_SCORE = 0.1
+# The host entries' ranking (by current predicted reuse) is rebuilt at most this often: scoring
+# every entry costs ~2 us each, and scores move with time only as entries grow overdue.
+RERANK_S = 1.0
 
 
 @dataclass(slots=True)
@@ -328,6 +333,11 @@ class HostPrefixStore:
         self.min_score = min_score
         self.release = release
         self.entries: dict[Hashable, HostEntry] = {}
+        # (score, last used, seq, entry), ascending: the eviction order, rebuilt every RERANK_S; newer
+        # entries are inserted by their admission score, gone ones skipped
+        self._ranking: list[tuple[float, float, int, HostEntry]] = []
+        self._ranked_at: float | None = None
+        self._seq = itertools.count()
         self.under: dict[Hashable, set[Hashable]] = {}  # parent node id -> keys of entries under it
         self.by_node: dict[Hashable, Hashable] = {}  # demoted node id -> its entry's key
         self.used = 0
@@ -367,13 +377,11 @@ class HostPrefixStore:
         freed = sum(e.cost for e in doomed.values())
         need = self.used + cost - self.budget
         if freed < need:
-            ranked = sorted((e for e in self.entries.values() if e.key not in doomed),
-                            key=lambda e: (self.score_of(e, now), e.last_used))
-            for victim in ranked:
+            for _, _, _, victim in self._ranked(now):
                 if freed >= need:
                     break
-                if victim.key in doomed:
-                    continue
+                if self.entries.get(victim.key) is not victim or victim.key in doomed:
+                    continue  # gone since the ranking, or already going
                 if self.score_of(victim, now) >= score:
                     break  # only entries predicted less reusable than the newcomer make room
                 before = set(doomed)
@@ -388,6 +396,8 @@ class HostPrefixStore:
         self._remove(doomed)
         entry = HostEntry(key, node, tokens, cost, stats, now, now)
         self._add(entry)
+        if self._ranked_at is not None:
+            bisect.insort(self._ranking, (score, now, next(self._seq), entry))
         self.demoted += 1
         self.demoted_tokens += tokens
         return entry
@@ -464,6 +474,14 @@ class HostPrefixStore:
         self._remove(dict(self.entries))
 
     # ---- internals ---------------------------------------------------------------------------
+    def _ranked(self, now: float) -> list[tuple[float, float, int, HostEntry]]:
+        stale = self._ranked_at is None or now - self._ranked_at > RERANK_S or now < self._ranked_at
+        if stale or len(self._ranking) > 2 * len(self.entries) + 64:
+            self._ranking = sorted((self.score_of(e, now), e.last_used, next(self._seq), e)
+                                   for e in self.entries.values())
+            self._ranked_at = now
+        return self._ranking
+
     def _collect(self, entry: HostEntry, into: dict[Hashable, HostEntry]) -> dict[Hashable, HostEntry]:
         stack = [entry]
         while stack:
