@@ -287,8 +287,8 @@ class EvictionRanker:
 # An evicted node is demoted when its predicted reuse is at least this. Chosen on the replay's
 # training seeds 0-2 (results/prefix_cache/host_sweep.json, docs/prefix_cache.md "Host tier"): over
 # host budgets of 0.25x-2x the device pool, 0.0-0.2 gained the most hit share over predictive alone
-# (0.1 best or within 0.4 points at every budget), 0.3 lost 1-5 points on tenants and 0.4-0.5 up to
-# 14 (returning system prompts are evicted overdue, i.e. with a low P, and were dropped). Above 0 so
+# (0.1 best or within 0.4 points at every budget), 0.3 lost 2-8 points on tenants and 0.4-0.5 up to
+# 18 (returning system prompts are evicted overdue, i.e. with a low P, and were dropped). Above 0 so
 # that a leaf the predictor gives up on (overdue against the horizon, never hit) is not copied at all;
 # host entries compete by predicted reuse anyway (HostPrefixStore.admit).
 DEMOTE_MIN_SCORE = 0.1

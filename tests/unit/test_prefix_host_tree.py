@@ -279,3 +279,17 @@ def test_the_host_hooks_come_off_again() -> None:
         assert UnifiedRadixCache.__dict__["_match_tree"] is not before[1]["_match_tree"]
     assert all(UnifiedTreeCore.__dict__[k] is v for k, v in before[0].items())
     assert all(UnifiedRadixCache.__dict__[k] is v for k, v in before[1].items())
+
+
+def test_auto_sizes_the_host_tier_like_the_device_pool_within_its_ram_share() -> None:
+    from superinfer_sgl.integration import prefix_cache
+    from superinfer_sgl.integration.prefix_host import AUTO_RAM_FRACTION, auto_host_tokens
+
+    assert auto_host_tokens(1000, 100, available_ram=10**9) == 1000  # the device pool's tokens
+    assert auto_host_tokens(1000, 100, available_ram=int(400 * 100 / AUTO_RAM_FRACTION)) == 400  # RAM-bound
+    cache = _cache(pool_tokens=120, host_tokens=prefix_cache.AUTO_HOST)
+    assert _host(cache).store.budget == 128  # 120 tokens in whole 16-token blocks
+    targets = {t for t, _, _ in prefix_cache.hooks("predictive", 0.25, prefix_cache.AUTO_HOST)}
+    assert f"{prefix_cache.CORE}.evict_device_leaf" in targets and f"{prefix_cache.CACHE}._match_tree" in targets
+    assert not {t for t, _, _ in prefix_cache.hooks("predictive", 0.25, 0)} & {f"{prefix_cache.CACHE}._match_tree"}
+    assert list(prefix_cache.hooks("radix", 0.25, prefix_cache.AUTO_HOST)) == []
