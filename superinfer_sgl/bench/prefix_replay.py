@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-tokens", type=int, default=800,
                     help="the predictive+host arm's host budget in tokens (default: the device pool's size)")
     ap.add_argument("--demote-min-score", type=float, default=None,
-                    help="the demotion threshold (default: prefix_reuse.DEMOTE_MIN_SCORE)")
+                    help="the demotion threshold (default: prefix_host_store.DEMOTE_MIN_SCORE)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--sweep", action="store_true",
                     help="only predictive and predictive+host over thresholds x host budgets (--sweep-*)")

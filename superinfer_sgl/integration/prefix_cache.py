@@ -95,11 +95,12 @@ def _end_depth(node: Any, root: Any) -> int:
     return depth
 
 
-def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0,
-          transfer: str = "auto") -> Iterator[tuple[str, Callable[..., Any], str]]:
+def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: str = "auto",
+          fence: Callable[[], list[Any]] | None = None) -> Iterator[tuple[str, Callable[..., Any], str]]:
     """(target, hook, HookType name) for --prefix-cache; none for SGLang's own radix cache.
     host_tokens > 0: demotion to a host tier of that many tokens (prefix_host.py); AUTO_HOST: sized
-    from the device pool (prefix_host.auto_host_tokens); 0: none."""
+    from the device pool (prefix_host.auto_host_tokens); 0: none. fence: what the host tier's copies
+    wait for (the server: the forward in flight; default: nothing)."""
     if prefix_cache == "radix":
         return
     strategy = strategy_class()
@@ -115,7 +116,9 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0,
         if host_tokens != 0:
             from .prefix_host import PrefixHost
 
-            state.host, state.host_refused = PrefixHost.open(core, params, state.predictor, host_tokens, transfer)
+            extra = {} if fence is None else {"fence": fence}
+            state.host, state.host_refused = PrefixHost.open(core, params, state.predictor, host_tokens, transfer,
+                                                             **extra)
             if state.host_refused is not None:
                 log = logger.info if host_tokens == AUTO_HOST else logger.warning
                 log("superinfer: prefix host tier (--prefix-host-tokens %s) off: %s",

@@ -1,7 +1,7 @@
 """Host demotion of predicted-reuse prefixes (`--prefix-host-tokens N` with `--prefix-cache predictive`).
 
 When SGLang's eviction walk is about to delete a device leaf whose predicted reuse is high enough
-(rotasched/prefix_reuse.HostPrefixStore decides: the predictor's P >= DEMOTE_MIN_SCORE, and room in
+(rotasched/prefix_host_store.HostPrefixStore decides: the predictor's P >= DEMOTE_MIN_SCORE, and room in
 the host budget), the leaf's KV rows (its device slots, every layer, K and V) are copied into host
 blocks through DuplexKV (a RotationEngine over the device pool and a host pool of our own, apart
 from the rotation engine's) BEFORE SGLang frees the slots. The entry is remembered under (the id of
@@ -40,7 +40,8 @@ import torch
 from ..duplexkv.engine import RotateIn, RotateOut, RotationEngine
 from ..duplexkv.host_pool import HostKVPool, HostPoolFull
 from ..duplexkv.transfer import pick_transfer
-from ..rotasched.prefix_reuse import DEMOTE_MIN_SCORE, HostPrefixStore, ReusePredictor
+from ..rotasched.prefix_host_store import DEMOTE_MIN_SCORE, HostPrefixStore
+from ..rotasched.prefix_reuse import ReusePredictor
 
 logger = logging.getLogger(__name__)
 
@@ -87,22 +88,18 @@ def refusal(core: Any, params: Any) -> str | None:
     return None if why is None else why.split("; rotation is off")[0]
 
 
-def forward_fence() -> list[Any]:
-    """The forward in flight (overlap scheduler) may still write slots freed since it was launched:
-    copies into newly allocated slots wait for it (as a rotation resume's do). CPU: nothing."""
-    if not torch.cuda.is_available():
-        return []
-    from . import hooks, rotation
-
-    sched = getattr(hooks.runtime(), "sched", None)
-    return rotation.forward_fence(sched) if sched is not None else []
+def no_fence() -> list[Any]:
+    """The copies' ordering without a scheduler (tests, the replay, CPU). In a server the caller
+    passes integration/hooks.forward_fence: the forward in flight (overlap scheduler) may still
+    write slots freed since it was launched, so copies wait for it, as a rotation resume's do."""
+    return []
 
 
 class PrefixHost:
     """One tree core's host tier: the store (pure bookkeeping) and the copy engine."""
 
     def __init__(self, engine: RotationEngine, store: HostPrefixStore, page_size: int,
-                 fence: Callable[[], list[Any]] = forward_fence) -> None:
+                 fence: Callable[[], list[Any]] = no_fence) -> None:
         self.engine, self.store, self.page_size, self.fence = engine, store, page_size, fence
         self.demote_s = self.restore_s = 0.0  # wall time of our copies and bookkeeping
         self.demote_calls = self.restore_calls = 0  # leaves offered / matches looked at
@@ -112,7 +109,8 @@ class PrefixHost:
 
     @classmethod
     def open(cls, core: Any, params: Any, predictor: ReusePredictor, host_tokens: int,
-             transfer: str = "auto", min_score: float | None = None) -> tuple[PrefixHost | None, str | None]:
+             transfer: str = "auto", min_score: float | None = None,
+             fence: Callable[[], list[Any]] = no_fence) -> tuple[PrefixHost | None, str | None]:
         """The host tier for a tree core, or (None, why not). host_tokens < 0: auto_host_tokens.
         min_score: DEMOTE_MIN_SCORE by default (read when called: the replay's sweep sets it)."""
         if host_tokens == 0:
@@ -134,7 +132,7 @@ class PrefixHost:
         engine = RotationEngine(dev, pool, pick_transfer(dev.device) if transfer == "auto" else transfer)
         threshold = DEMOTE_MIN_SCORE if min_score is None else min_score
         store = HostPrefixStore(predictor, blocks * block, engine.free, min_score=threshold, unit=block)
-        return cls(engine, store, page), None
+        return cls(engine, store, page, fence), None
 
     # ---- demotion: a leaf SGLang is about to delete -----------------------------------------
     def demote(self, core: Any, node: Any, score: float, now: float, stats: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The host tier's bookkeeping (rotasched/prefix_reuse.HostPrefixStore, pure): which evicted nodes are
+"""The host tier's bookkeeping (rotasched/prefix_host_store.HostPrefixStore, pure): which evicted nodes are
 demoted, the host budget and its eviction by predicted reuse, entries chained under demoted parents,
 and that every handle comes back exactly once (no leaked host blocks)."""
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superinfer_sgl.rotasched.prefix_reuse import DEMOTE_MIN_SCORE, HostPrefixStore, NodeStats, ReusePredictor
+from superinfer_sgl.rotasched.prefix_host_store import DEMOTE_MIN_SCORE, HostPrefixStore
+from superinfer_sgl.rotasched.prefix_reuse import NodeStats, ReusePredictor
 
 
 class Handles:

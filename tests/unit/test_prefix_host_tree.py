@@ -293,3 +293,17 @@ def test_auto_sizes_the_host_tier_like_the_device_pool_within_its_ram_share() ->
     assert f"{prefix_cache.CORE}.evict_device_leaf" in targets and f"{prefix_cache.CACHE}._match_tree" in targets
     assert not {t for t, _, _ in prefix_cache.hooks("predictive", 0.25, 0)} & {f"{prefix_cache.CACHE}._match_tree"}
     assert list(prefix_cache.hooks("radix", 0.25, prefix_cache.AUTO_HOST)) == []
+
+
+def test_the_server_installs_the_host_hooks_with_the_predictive_cache_unless_off() -> None:
+    from superinfer_sgl.config import SuperInferConfig
+    from superinfer_sgl.integration import hooks, prefix_cache
+
+    def targets(**kw: Any) -> set[str]:
+        return {t for t, _, _ in hooks.hooks(SuperInferConfig(**kw))}
+
+    host = {f"{prefix_cache.CORE}.evict_device_leaf", f"{prefix_cache.CACHE}._match_tree", f"{prefix_cache.CORE}.reset"}
+    assert host <= targets(prefix_cache="predictive")  # auto
+    assert not host & targets(prefix_cache="predictive", prefix_host_tokens=0)
+    assert not host & targets()  # SGLang's own radix cache: none of ours
+    assert hooks.forward_fence() == []  # no scheduler yet: nothing to wait for
