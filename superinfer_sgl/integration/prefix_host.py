@@ -159,6 +159,9 @@ class PrefixHost:
             except HostPoolFull:  # the store's budget is the pool's: should not happen
                 self.store.discard(entry)
                 return False
+            except BaseException:
+                self.store.discard(entry)
+                raise
             entry.handle = handle.saved[0]
             entry.payload = node.key
             return True
@@ -204,12 +207,23 @@ class PrefixHost:
                     self.restore_failures += 1
                     self.store.reinsert(entry, now)
                     break
-                handle = self.engine.rotate(inn=[RotateIn(entry.handle.prefix(k), slots)], in_after=self.fence())
-                handle.synchronize()  # the next forward reads these rows
-                path = core.collect_full_device_indices(node_id, core.root_node.id)
-                value = torch.cat([path.to(torch.int64), slots.to(device=path.device, dtype=torch.int64)])
-                ins = cache.insert(InsertParams(key=key[: m + k], value=value, prev_prefix_len=m))
-                self.engine.free(entry.handle)
+                try:
+                    handle = self.engine.rotate(inn=[RotateIn(entry.handle.prefix(k), slots)], in_after=self.fence())
+                    handle.synchronize()  # the next forward reads these rows
+                    path = core.collect_full_device_indices(node_id, core.root_node.id)
+                    value = torch.cat([path.to(torch.int64), slots.to(device=path.device, dtype=torch.int64)])
+                except BaseException:  # nothing inserted: the slots and the host blocks go back
+                    cache.token_to_kv_pool_allocator.free(slots)
+                    self.engine.free(entry.handle)
+                    self.store.drop_under(entry.node)
+                    raise
+                try:
+                    ins = cache.insert(InsertParams(key=key[: m + k], value=value, prev_prefix_len=m))
+                except BaseException:
+                    self.store.drop_under(entry.node)
+                    raise
+                finally:
+                    self.engine.free(entry.handle)
                 new_id = ins.last_device_node
                 if k == entry.tokens:
                     self.store.rekey(entry.node, new_id)
