@@ -219,7 +219,8 @@ class PrefixHost:
                     raise
                 try:
                     ins = cache.insert(InsertParams(key=key[: m + k], value=value, prev_prefix_len=m))
-                except BaseException:
+                except BaseException:  # not in the tree: the slots are still ours to give back
+                    cache.token_to_kv_pool_allocator.free(slots)
                     self.store.drop_under(entry.node)
                     raise
                 finally:

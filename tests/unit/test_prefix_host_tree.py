@@ -307,3 +307,21 @@ def test_the_server_installs_the_host_hooks_with_the_predictive_cache_unless_off
     assert not host & targets(prefix_cache="predictive", prefix_host_tokens=0)
     assert not host & targets()  # SGLang's own radix cache: none of ours
     assert hooks.forward_fence() == []  # no scheduler yet: nothing to wait for
+
+
+def test_a_failing_insert_leaks_neither_host_blocks_nor_device_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = _cache()
+    host = _host(cache)
+    _serve(cache, SYSTEM + [1], "a")
+    _evict_all(cache)
+    free_before = cache._alloc.available_size()
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("insert failed")
+
+    monkeypatch.setattr(cache, "insert", boom)
+    with pytest.raises(RuntimeError, match="insert failed"):
+        _match(cache, SYSTEM + [2], "b")
+    assert cache._alloc.available_size() == free_before  # the restore's slots went back
+    assert cache.protected_size() == 0  # and its lock
+    host.check()  # the taken entry's blocks were freed: only live entries hold host blocks
