@@ -98,7 +98,7 @@ class HostPrefixStore:
         On success the entry is in the store without a handle: the caller copies the KV and sets
         entry.handle, or calls `discard(entry)` when the copy failed."""
         cost = self.cost_of(tokens)
-        if tokens <= 0 or score < self.min_score:
+        if tokens <= 0 or (score < self.min_score and not self.cold_start(stats)):
             self.rejected_score += 1
             return None
         if cost > self.budget:
@@ -135,6 +135,13 @@ class HostPrefixStore:
         self.demoted += 1
         self.demoted_tokens += tokens
         return entry
+
+    def cold_start(self, stats: NodeStats | None) -> bool:
+        """Before the predictor has seen any gap between two hits of one node, its horizon is a
+        floor value (1 s) and every node scores as overdue, whatever the traffic's pace: then a node
+        some request has hit is demoted whatever its score (the host budget's ranking still
+        decides what stays); one nobody ever hit is not."""
+        return self.predictor.global_gap is None and stats is not None and stats.hits > 0
 
     def discard(self, entry: HostEntry) -> None:
         """An admitted entry whose copy did not happen: out of the store (its handle, if any, released)."""

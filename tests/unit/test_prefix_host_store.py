@@ -200,3 +200,14 @@ def test_random_operations_keep_every_handle_accounted_for(ops: list, budget: in
 def test_min_score_bounds(score: float) -> None:
     s, h = _store(min_score=score)
     assert (_demote(s, h, (1, "a"), 10, 5, score) is not None)
+
+
+def test_before_any_gap_was_seen_a_hit_node_is_demoted_whatever_its_score() -> None:
+    s, h = _store(budget=400, min_score=0.5)
+    hit_once = NodeStats(created=0.0, end_depth=160, length=160, hits=1, distinct=1, last_hit=0.0)
+    assert s.predictor.global_gap is None  # a quiet server: the horizon is a floor value
+    assert _demote(s, h, (1, "sys"), 10, 160, 0.01, 30.0, hit_once) is not None
+    assert _demote(s, h, (1, "once"), 11, 20, 0.01, 30.0, _cold()) is None  # never hit: dropped
+    s.predictor.global_gap = 5.0  # the predictor has a pace now: its scores apply
+    assert _demote(s, h, (1, "sys2"), 12, 160, 0.01, 30.0, hit_once) is None
+    s.check()
