@@ -43,4 +43,4 @@ def test_a_demoted_prompt_comes_back_cached_and_decodes_the_same(tmp_path: Path,
         assert not server.stop()
     assert "prefix host tier" in log and "Traceback" not in log
     assert back["meta_info"]["cached_tokens"] >= len(SYSTEM), back["meta_info"]  # restored from host
-    assert back["output_ids"] == first["output_ids"]
+    assert back["text"] == first["text"] and back.get("output_ids") == first.get("output_ids")
