@@ -71,6 +71,7 @@ class HostPrefixStore:
         # entries are inserted by their admission score, gone ones skipped
         self._ranking: list[tuple[float, float, int, HostEntry]] = []
         self._ranked_at: float | None = None
+        self._ranked_cold = False
         self._seq = itertools.count()
         self.under: dict[Hashable, set[Hashable]] = {}  # parent node id -> keys of entries under it
         self.by_node: dict[Hashable, Hashable] = {}  # demoted node id -> its entry's key
@@ -84,7 +85,22 @@ class HostPrefixStore:
     def cost_of(self, tokens: int) -> int:
         return -(-tokens // self.unit) * self.unit
 
+    @property
+    def cold(self) -> bool:
+        """Cold start: the predictor has not seen a gap between two hits of one node yet, so its
+        horizon is a floor value (1 s) and every node scores as overdue whatever the traffic's
+        pace. Until then a node is judged by its hits instead (`cold_score`)."""
+        return self.predictor.global_gap is None
+
+    @staticmethod
+    def cold_score(stats: NodeStats | None) -> float:
+        """0 for a node nobody hit, then 1/2, 2/3, 3/4, ... by its hits."""
+        hits = stats.hits if stats is not None else 0
+        return hits / (1.0 + hits)
+
     def score_of(self, entry: HostEntry, now: float) -> float:
+        if self.cold:
+            return self.cold_score(entry.stats)
         return self.predictor.peek(entry.stats, now) if entry.stats is not None else 0.0
 
     def __len__(self) -> int:
@@ -98,7 +114,12 @@ class HostPrefixStore:
         On success the entry is in the store without a handle: the caller copies the KV and sets
         entry.handle, or calls `discard(entry)` when the copy failed."""
         cost = self.cost_of(tokens)
-        if tokens <= 0 or (score < self.min_score and not self.cold_start(stats)):
+        if self.cold:  # a node some request hit is demoted, one nobody hit is not (cold_score)
+            score = self.cold_score(stats)
+            admissible = score > 0.0 or self.min_score <= 0.0  # min_score 0: everything
+        else:
+            admissible = score >= self.min_score
+        if tokens <= 0 or not admissible:
             self.rejected_score += 1
             return None
         if cost > self.budget:
@@ -135,13 +156,6 @@ class HostPrefixStore:
         self.demoted += 1
         self.demoted_tokens += tokens
         return entry
-
-    def cold_start(self, stats: NodeStats | None) -> bool:
-        """Before the predictor has seen any gap between two hits of one node, its horizon is a
-        floor value (1 s) and every node scores as overdue, whatever the traffic's pace: then a node
-        some request has hit is demoted whatever its score (the host budget's ranking still
-        decides what stays); one nobody ever hit is not."""
-        return self.predictor.global_gap is None and stats is not None and stats.hits > 0
 
     def discard(self, entry: HostEntry) -> None:
         """An admitted entry whose copy did not happen: out of the store (its handle, if any, released)."""
@@ -217,7 +231,8 @@ class HostPrefixStore:
     # ---- internals ---------------------------------------------------------------------------
     def _ranked(self, now: float) -> list[tuple[float, float, int, HostEntry]]:
         stale = self._ranked_at is None or now - self._ranked_at > RERANK_S or now < self._ranked_at
-        if stale or len(self._ranking) > 2 * len(self.entries) + 64:
+        if stale or self._ranked_cold != self.cold or len(self._ranking) > 2 * len(self.entries) + 64:
+            self._ranked_cold = self.cold
             self._ranking = sorted((self.score_of(e, now), e.last_used, next(self._seq), e)
                                    for e in self.entries.values())
             self._ranked_at = now

@@ -29,9 +29,13 @@ class Handles:
         self.released[handle] += 1
 
 
-def _store(budget: int = 100, unit: int = 1, min_score: float = 0.3) -> tuple[HostPrefixStore, Handles]:
+def _store(budget: int = 100, unit: int = 1, min_score: float = 0.3, cold: bool = False) -> tuple[HostPrefixStore, Handles]:
+    """A store over a predictor past its cold start (it has seen a gap between hits), unless cold."""
     h = Handles()
-    return HostPrefixStore(ReusePredictor(), budget, h.release, min_score=min_score, unit=unit), h
+    predictor = ReusePredictor()
+    if not cold:
+        predictor.global_gap = 1.0
+    return HostPrefixStore(predictor, budget, h.release, min_score=min_score, unit=unit), h
 
 
 def _hot(hits: int, now: float) -> NodeStats:
@@ -154,9 +158,9 @@ _OPS = st.lists(st.tuples(st.sampled_from(["demote", "take_restore", "take_fail"
 
 
 @settings(max_examples=150, deadline=None)
-@given(_OPS, st.integers(0, 120), st.sampled_from([1, 4, 16]))
-def test_random_operations_keep_every_handle_accounted_for(ops: list, budget: int, unit: int) -> None:
-    s, h = _store(budget=budget, unit=unit, min_score=0.2)
+@given(_OPS, st.integers(0, 120), st.sampled_from([1, 4, 16]), st.booleans())
+def test_random_operations_keep_every_handle_accounted_for(ops: list, budget: int, unit: int, cold: bool) -> None:
+    s, h = _store(budget=budget, unit=unit, min_score=0.2, cold=cold)
     owned: set[int] = set()  # handles taken by the "caller" and freed by it
     next_node = 100
     live_parents = list(range(12))
@@ -203,11 +207,26 @@ def test_min_score_bounds(score: float) -> None:
 
 
 def test_before_any_gap_was_seen_a_hit_node_is_demoted_whatever_its_score() -> None:
-    s, h = _store(budget=400, min_score=0.5)
+    s, h = _store(budget=400, min_score=0.5, cold=True)
     hit_once = NodeStats(created=0.0, end_depth=160, length=160, hits=1, distinct=1, last_hit=0.0)
     assert s.predictor.global_gap is None  # a quiet server: the horizon is a floor value
     assert _demote(s, h, (1, "sys"), 10, 160, 0.01, 30.0, hit_once) is not None
     assert _demote(s, h, (1, "once"), 11, 20, 0.01, 30.0, _cold()) is None  # never hit: dropped
     s.predictor.global_gap = 5.0  # the predictor has a pace now: its scores apply
     assert _demote(s, h, (1, "sys2"), 12, 160, 0.01, 30.0, hit_once) is None
+    s.check()
+
+
+def test_during_the_cold_start_host_entries_rank_by_hits() -> None:
+    s, h = _store(budget=320, min_score=0.5, cold=True)
+
+    def hit(n: int) -> NodeStats:
+        return NodeStats(created=0.0, end_depth=160, length=160, hits=n, distinct=n, last_hit=0.0)
+
+    once = _demote(s, h, (1, "a"), 10, 160, 0.9, 1.0, hit(1))
+    thrice = _demote(s, h, (1, "b"), 11, 160, 0.0, 2.0, hit(3))  # its P is ignored while cold
+    assert once is not None and thrice is not None and s.used == 320
+    twice = _demote(s, h, (1, "c"), 12, 160, 0.0, 3.0, hit(2))
+    assert twice is not None and h.released[once] == 1 and h.released[thrice] == 0
+    assert _demote(s, h, (1, "d"), 13, 160, 0.99, 4.0, hit(1)) is None  # fewer hits than any held
     s.check()
