@@ -202,7 +202,11 @@ class PrefixHost:
                 if lock is None:
                     lock = (node_id, cache.inc_lock_ref(node_id))  # the path survives our eviction
                 self.store.take(entry.key)
-                slots = self._alloc(cache, k)
+                try:
+                    slots = self._alloc(cache, k)
+                except BaseException:  # e.g. an eviction that raised: the entry goes back first
+                    self.store.reinsert(entry, now)
+                    raise
                 if slots is None:
                     self.restore_failures += 1
                     self.store.reinsert(entry, now)
