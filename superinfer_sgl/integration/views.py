@@ -104,6 +104,11 @@ def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool, sgla
                          _left(req), ratio)
 
 
+def same_objects(a: list[Any], b: list[Any]) -> bool:
+    """The same objects in the same order (identity, at C speed)."""
+    return len(a) == len(b) and all(map(is_, a, b))
+
+
 class QueueWatch:
     """What changed in SGLang's waiting queue since the last look. SGLang appends to and rebuilds
     that list in many places; comparing the identities of its entries (at C speed) tells whether
@@ -123,8 +128,7 @@ class QueueWatch:
 
     def look(self, queue: list[Any]) -> list[Any]:
         """The entries new since the last look (all of them after `reset`)."""
-        held = self._held
-        if len(queue) == len(held) and all(map(is_, queue, held)):
+        if same_objects(queue, self._held):
             return []
         seen = self._id_set
         new = [r for r in queue if id(r) not in seen]
@@ -165,11 +169,14 @@ class StepViews:
         self._ratio: float | None = None
         self._restored: frozenset[str] = frozenset()
         self._rotary_ids: list[int] = []
+        self._live: list[Any] = []  # the running batch at the last build, and its views as kept
+        self._hits: list[_Running] = []
 
     def reset(self) -> None:
         """Look at every request again next step (clocks were dropped: aborts)."""
         self.watch.reset()
         self._ratio = None
+        self._live, self._hits = [], []
         if self.cache is not None:
             self.cache = {}
 
@@ -205,24 +212,32 @@ class StepViews:
         """The running views, each kept while its clock is at the version it was built at (what
         the policy reads every step comes from the clock), the batch's decode reserve and its
         tokens."""
-        rules, old = self.rules, self.cache
-        assert old is not None
+        rules, cache = self.rules, self.cache
+        assert cache is not None
         clip, share = rules.clip, rules.running_share
-        cache: dict[str, _Running] = {}
+        same = same_objects(live, self._live)  # the batch as at the last step (a decode step's)
+        # (a kept view's clock is the request's: `reset` empties the cache when clocks go)
+        kept = self._hits if same else [cache.get(r.rid) for r in live]
+        hits: list[_Running] = []
         running: list[ReqView] = []
-        add, reserved, tokens = running.append, 0.0, 0
-        for req in live:
-            rid = req.rid
-            hit = old.get(rid)  # (its clock is the request's: `reset` empties the cache when clocks go)
+        rebuilt: list[_Running] = []
+        reserved, tokens = 0.0, 0
+        for req, hit in zip(live, kept):
             if hit is None or hit.version != hit.clock.version or hit.req is not req:
-                hit = self._build_running(sched, req, clocks[rid], young, sglang_ratio)
-            cache[rid] = hit
-            add(hit.view)
+                hit = self._build_running(sched, req, clocks[req.rid], young, sglang_ratio)
+                rebuilt.append(hit)
+            hits.append(hit)
+            running.append(hit.view)
             outputs = len(req.output_ids)
             tokens += hit.prompt + outputs
             # SGLang's reserve of it, for the free blocks (rotasched.views.reserve_tokens)
             reserved += rules_.reserve_tokens(hit.max_new - outputs, share if hit.fixed else sglang_ratio, clip)
-        self.cache = cache  # requests gone since the last step drop out
+        if not same:
+            self.cache = {h.req.rid: h for h in hits}  # requests gone since the last step drop out
+        else:
+            for h in rebuilt:
+                cache[h.req.rid] = h
+        self._live, self._hits = list(live), hits
         return running, reserved, tokens
 
     def _refresh(self, sched: Any, young: float, sglang_ratio: float, views: list[ReqView],
