@@ -113,7 +113,10 @@ class RotaSchedRuntime:
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
         # every TP rank offers the same queue.
         locks = self.store.resume_locks
-        waiting = {r.rid: r for r in self.sched.waiting_queue} if out or resumes else self.step_views.watch.by_rid
+        watch = self.step_views.watch
+        if out or resumes:  # resumed and recomputed requests joined the queue
+            watch.look(self.sched.waiting_queue)
+        waiting = watch.by_rid
         order = [waiting[rid] for rid in planner.admission_order(waiting.keys(), list(locks), decision)
                  if rid in waiting and rid not in held]
         if self.cfg.prefetch:
@@ -256,6 +259,7 @@ class RotaSchedRuntime:
             gone = {id(r) for r in admitted}
             sched.waiting_queue = [r for r in before if id(r) not in gone] + added if gone else before + added
         self.store.unlock_admitted(admitted)
+        self.step_views.watch.note_removed(admitted)
         return plan
 
     # ---- SGLang's entry points (hooks.py) ----------------------------------------------------

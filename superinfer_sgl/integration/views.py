@@ -112,9 +112,10 @@ def same_objects(a: list[Any], b: list[Any]) -> bool:
 class QueueWatch:
     """What changed in SGLang's waiting queue since the last look. SGLang appends to and rebuilds
     that list in many places; comparing the identities of its entries (at C speed) tells whether
-    it changed at all, and which entries are new, without a Python step per queued request. The
-    entries seen are held, so their ids cannot be reused by new objects meanwhile. What changed
-    is also kept until `StepViews` takes it (`take`), however often the queue was looked at."""
+    it changed at all, and which entries came and went, without a Python step per queued request
+    where only arrivals were appended (the common change). The entries seen are held, so their ids
+    cannot be reused by new objects meanwhile. What changed is kept until `StepViews` takes it
+    (`take`), however often the queue was looked at."""
 
     def __init__(self) -> None:
         self.reset()
@@ -123,27 +124,52 @@ class QueueWatch:
         """Forget the last look: every entry is new again (after aborts dropped clocks)."""
         self._held: list[Any] = []
         self._id_set: set[int] = set()
-        self._changed, self._new = True, []  # since the last `take`
+        self._changed, self._new, self._gone = True, [], []  # since the last `take`
         self.by_rid: dict[str, Any] = {}  # rid -> request, in queue order
 
     def look(self, queue: list[Any]) -> list[Any]:
         """The entries new since the last look (all of them after `reset`)."""
-        if same_objects(queue, self._held):
-            return []
-        seen = self._id_set
-        new = [r for r in queue if id(r) not in seen]
+        held = self._held
+        n = len(held)
+        if len(queue) >= n and same_objects(queue[:n], held):
+            if len(queue) == n:
+                return []
+            new = queue[n:]  # arrivals appended: only they are looked at
+            held += new
+            self._id_set.update(map(id, new))
+            self.by_rid.update((r.rid, r) for r in new)
+        else:
+            ids = set(map(id, queue))
+            self._gone += [r for r in held if id(r) not in ids]
+            seen = self._id_set
+            new = [r for r in queue if id(r) not in seen]
+            self._held, self._id_set = list(queue), ids
+            self.by_rid = {r.rid: r for r in queue}
         self._changed = True
         self._new += new
-        self._held, self._id_set = list(queue), set(map(id, queue))
-        self.by_rid = {r.rid: r for r in queue}
         return new
 
-    def take(self) -> tuple[bool, list[Any]]:
-        """(whether the queue changed, its entries that came and are still queued) since the last
-        take."""
-        changed, new, by_rid = self._changed, self._new, self.by_rid
-        self._changed, self._new = False, []
-        return changed, [r for r in new if by_rid.get(r.rid) is r]
+    def note_removed(self, reqs: list[Any]) -> None:
+        """Requests the runtime's admission took out of the queue, which otherwise keeps its
+        order: forgotten here, so the next look finds the rest in place (one C-speed search each,
+        not a look at every entry)."""
+        held, ids, by_rid = self._held, self._id_set, self.by_rid
+        for r in reqs:
+            if id(r) in ids:
+                del held[held.index(r)]  # (Req compares by identity)
+                ids.discard(id(r))
+                if by_rid.get(r.rid) is r:
+                    del by_rid[r.rid]
+                self._gone.append(r)
+                self._changed = True
+
+    def take(self) -> tuple[bool, list[Any], list[str]]:
+        """(whether the queue changed, the entries that came and are still queued, the rids of
+        those that left and are not queued) since the last take."""
+        changed, new, gone, by_rid = self._changed, self._new, self._gone, self.by_rid
+        self._changed, self._new, self._gone = False, [], []
+        return (changed, [r for r in new if by_rid.get(r.rid) is r],
+                [r.rid for r in gone if r.rid not in by_rid])
 
 
 class StepViews:
@@ -153,8 +179,8 @@ class StepViews:
     Between decode steps only running requests change, and what a policy reads of them every step
     (state, stint, SLOs, first token, gaps left to miss) comes from their clocks: a running view
     is kept while its clock's `version` is the one it was built at. Its blocks and rotatability,
-    which only LVF's wall and victims read, are checked when LVF asks (`StepQueue.fresh`:
-    `_refresh`). Waiting and rotary views live in a `PendingIndex` kept between steps: a step
+    which only LVF's wall and victims read, are checked when LVF asks (`StepQueue.fresh_running`,
+    `StepQueue.movable`: `_refresh`). Waiting and rotary views live in a `PendingIndex` kept between steps: a step
     looks at a waiting request only when it entered the queue (`QueueWatch`), or when what every
     view reads moved (SGLang's new-token ratio, the set of restored requests), and at the rotary
     set only when it changed. `reuse=False` builds every view afresh (the reference the
@@ -169,13 +195,14 @@ class StepViews:
         self._ratio: float | None = None
         self._restored: frozenset[str] = frozenset()
         self._rotary_ids: list[int] = []
+        self._rotary_rids: list[str] = []
         self._live: list[Any] = []  # the running batch at the last build, and its views as kept
         self._hits: list[_Running] = []
 
     def reset(self) -> None:
         """Look at every request again next step (clocks were dropped: aborts)."""
         self.watch.reset()
-        self._ratio = None
+        self.pending, self._filed, self._ratio = PendingIndex(), {}, None
         self._live, self._hits = [], []
         if self.cache is not None:
             self.cache = {}
@@ -186,7 +213,7 @@ class StepViews:
         `restored`: rids of waiting requests whose KV is back (a container); `rotary`: rid ->
         entry (`.req`, `.host_kv`); `young`: stints that began after it are within the quantum.
         The waiting queue is the one `watch.look` last saw. Returns the step's queue (its running
-        views' blocks and rotatability refreshed when LVF asks: `StepQueue.fresh_running`) and
+        views' blocks and rotatability refreshed when LVF asks) and
         the running batch's decode reserve."""
         tracker = getattr(sched, "new_token_ratio_tracker", None)
         sglang_ratio = tracker.current if tracker is not None else 1.0
@@ -275,7 +302,6 @@ class StepViews:
         return _Running(clk, clk.version, rules.running(clk, req.seqlen, left, ratio, can), len(req.origin_input_ids),
                         req.sampling_params.max_new_tokens, fixed, req, rules_.reserve_tokens(left, ratio, rules.clip))
 
-
     def _sync(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any],
               ratio: float) -> None:
         """Bring the pending index up to the queue and the rotary set: drop who left, file who came
@@ -285,15 +311,19 @@ class StepViews:
         rotary_ids = list(map(id, rotary.values()))
         rotary_moved = every or rotary_ids != self._rotary_ids
         watch = self.watch
-        changed, new = watch.take()
+        changed, new, gone = watch.take()
         if not (every or changed or rotary_moved):
             return
-        self._ratio, self._restored, self._rotary_ids = ratio, back, rotary_ids
         filed, pending = self._filed, self.pending
         queued = watch.by_rid
-        for rid in [rid for rid in filed if rid not in queued and rid not in rotary]:
-            del filed[rid]
-            pending.drop(rid)
+        if rotary_moved:  # rotary requests that left (resumed ones are queued: re-filed below)
+            gone = gone + [rid for rid in self._rotary_rids if rid not in rotary]
+        for rid in gone:
+            if rid in filed and rid not in queued and rid not in rotary:
+                del filed[rid]
+                pending.drop(rid)
+        self._ratio, self._restored, self._rotary_ids = ratio, back, rotary_ids
+        self._rotary_rids = list(rotary)
         waiting = sched.waiting_queue if every else new
         for rid, (key, view) in self._pending(sched, clocks, back, rotary, ratio, waiting,
                                                rotary if rotary_moved else {}):

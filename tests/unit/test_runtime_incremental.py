@@ -20,7 +20,7 @@ from superinfer_sgl.integration.views import StepViews
 from superinfer_sgl.rotasched import Decision, ReqState, planner
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 
-OPS = ("arrive", "admit", "decode", "rotate", "resume", "finish", "wait", "ratio")
+OPS = ("arrive", "admit", "decode", "rotate", "resume", "finish", "wait", "ratio", "abort")
 # fields a kept running view may hold from its build (what the policy reads of them is checked)
 RUNNING_CACHED = {"last_token", "misses_left", "ttft_met", "outputs_left"}
 # fields a running view holds from its build until LVF asks for fresh ones (StepQueue.fresh_running)
@@ -88,6 +88,10 @@ class World:
             rt.on_finished(req)
         elif op == "wait":
             self.now += (x % 7) * 0.07
+        elif op == "abort" and sched.waiting_queue:
+            req = pick(sched.waiting_queue)  # SGLang's abort: our hook first, then out of its queue
+            rt.before_abort(SimpleNamespace(rid=req.rid, abort_all=False))
+            sched.waiting_queue.remove(req)
         elif op == "ratio":
             sched.new_token_ratio_tracker.current = max(0.1, sched.new_token_ratio_tracker.current - 0.05)
 
@@ -138,6 +142,8 @@ _steps = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_siz
 @given(_steps, st.sampled_from(["goodput", "paper"]))
 # a missed gap changes a running view kept between steps (ReqClock.version)
 @example([("arrive", 0), ("admit", 0), ("decode", 0), ("wait", 6), ("decode", 0)], "goodput")
+# an abort drops clocks: what is still queued is looked at again, what left is forgotten
+@example([("arrive", 0), ("arrive", 1), ("arrive", 2), ("abort", 1), ("arrive", 3), ("admit", 0)], "goodput")
 def test_incremental_views_decide_as_fresh_ones(steps: list[tuple[str, int]], policy: str) -> None:
     world = World(policy)
     for op, x in steps:
