@@ -131,9 +131,9 @@ class QueueWatch:
         """The entries new since the last look (all of them after `reset`)."""
         held = self._held
         n = len(held)
-        if len(queue) >= n and same_objects(queue[:n], held):
-            if len(queue) == n:
-                return []
+        if len(queue) == n and same_objects(queue, held):
+            return []
+        if len(queue) > n and same_objects(queue[:n], held):
             new = queue[n:]  # arrivals appended: only they are looked at
             held += new
             self._id_set.update(map(id, new))
