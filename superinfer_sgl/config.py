@@ -107,6 +107,9 @@ class SuperInferConfig:
     prefetch: bool = True
     mixed_resume: bool = True
     prefix_cache: str = "radix"
+    # With --prefix-cache predictive: host tokens for demoted prefixes (integration/prefix_host.py);
+    # 0: off; None (auto): as many tokens as the device KV pool, within an eighth of the free RAM.
+    prefix_host_tokens: int | None = None
     # What answers a decode memory shortage of the running batch (DECODE_SHORTAGES); rotation off
     # (no engine): SGLang's retraction whatever this says.
     decode_shortage: str = "rotate"
@@ -146,6 +149,8 @@ class SuperInferConfig:
         if self.rotation_budget_blocks is not None:
             _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
+        if self.prefix_host_tokens is not None:
+            _require(self.prefix_host_tokens >= 0, "prefix_host_tokens", "must be >= 0 (0: off) or auto")
         for name in ("test_rotate_interval", "test_hold_rotary_iters"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{TEST_KNOB_ENV[name]} must be >= 0, got {getattr(self, name)}")
@@ -306,6 +311,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "prefix's predicted reuse, learned online from its hit history, with the "
                         "top-predicted prefixes pinned within a quarter of the KV pool "
                         "(docs/prefix_cache.md)")
+    g.add_argument("--prefix-host-tokens", type=_or_auto(int), default=d.prefix_host_tokens, metavar="{N,auto}",
+                   help="with --prefix-cache predictive: host memory, in tokens, for prefixes predicted to "
+                        "come back, which eviction then copies to host (DuplexKV) instead of dropping and a "
+                        "later match copies back, bytes identical (0: off; auto, the default: as many tokens "
+                        "as the device KV pool, within 1/8 of the free RAM; one rank and an MHA pool only, "
+                        "docs/prefix_cache.md)")
     g.add_argument("--decode-shortage", choices=DECODE_SHORTAGES, default=d.decode_shortage,
                    help="when the running batch is short of KV memory for its next decode step: rotate "
                         "(default) moves requests' KV to host memory (kept, resumed later) and leaves "
@@ -360,6 +371,13 @@ def check_prefix_cache(cfg: SuperInferConfig, eviction_policy: str | None, radix
                           f"--radix-eviction-policy {eviction_policy}: drop one of the two")
     if radix_disabled:
         raise ConfigError("--prefix-cache predictive needs SGLang's radix cache: drop --disable-radix-cache")
+
+
+def check_prefix_host(cfg: SuperInferConfig) -> None:
+    """--prefix-host-tokens is the predictive cache's host tier."""
+    if cfg.prefix_host_tokens and cfg.prefix_cache != "predictive":
+        raise ConfigError(f"--prefix-host-tokens {cfg.prefix_host_tokens} is the host tier of --prefix-cache "
+                          "predictive: add that, or drop the option")
 
 
 def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SuperInferConfig:

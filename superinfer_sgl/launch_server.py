@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import SUPPORTED_SGLANG_VERSION
 from .child_watch import ChildWatch
-from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_prefix_cache,
+from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_prefix_cache, check_prefix_host,
                      check_rotary_kv_dtype, from_namespace)
 from .device_defaults import THREADS_BIND_ENV, DeviceDefaults, default_threads_bind, device_defaults
 from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
@@ -124,6 +124,7 @@ def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     cfg = from_namespace(ns)
     check_rotary_kv_dtype(cfg, flag_value(rest, "--kv-cache-dtype"))
     check_prefix_cache(cfg, flag_value(rest, "--radix-eviction-policy"), flag_given(rest, "--disable-radix-cache"))
+    check_prefix_host(cfg)
     check_sglang_version()
     rest = resolve_model(rest)
     defaults = device_defaults(rest)

@@ -36,14 +36,18 @@ from .servers import OUR_MODULE, STOCK_MODULE, SystemSpec, launch, shared_flags
 DEFAULT_MODEL = os.path.expanduser("~/.cache/superinfer_sgl/models/SmolLM2-135M-Instruct")
 
 
-def arms(tlru_threshold: int, tlru_next: int) -> dict[str, SystemSpec]:
+def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800) -> dict[str, SystemSpec]:
     stock = {p: SystemSpec(f"sglang-{p}", STOCK_MODULE, ("--radix-eviction-policy", p))
              for p in ("lru", "lfu", "slru")}
     tlru_cfg = json.dumps({"threshold": tlru_threshold, "next_prompt_estimate": tlru_next})
     stock["tlru"] = SystemSpec("sglang-tlru", STOCK_MODULE,
                                ("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", tlru_cfg))
-    ours = SystemSpec("ours-predictive", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive"))
-    return {"predictive": ours, **stock}
+    ours = SystemSpec("ours-predictive", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive",
+                                                      "--prefix-host-tokens", "0"))
+    # the host tier at a budget of host_tokens (prefix_host.py): demoted prefixes restored on a match
+    host = SystemSpec("ours-predictive-host", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive",
+                                                          "--prefix-host-tokens", str(host_tokens)))
+    return {"predictive": ours, "predictive+host": host, **stock}
 
 
 def build(kind: str, seed: int, rate: float, duration_s: float) -> list[Any]:
@@ -58,7 +62,7 @@ def _flush(url: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    table = arms(args.tlru_threshold, args.tlru_next)
+    table = arms(args.tlru_threshold, args.tlru_next, args.host_tokens)
     names = [n for n in args.arms.split(",") if n]
     kinds = [k for k in args.workloads.split(",") if k]
     rates = dict(zip(WORKLOADS, (args.rate_tenants, args.rate_conversations, args.rate_unique)))
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--kv-tokens", type=int, default=800, help="--max-total-tokens of every arm (KV pressure)")
     ap.add_argument("--chunked-prefill", type=int, default=512)
+    ap.add_argument("--host-tokens", type=int, default=800, help="--prefix-host-tokens of the predictive+host arm")
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per workload")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)

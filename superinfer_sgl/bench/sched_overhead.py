@@ -5,10 +5,10 @@
 a CPU, in a contended steady state (`sched_rig.py`).
 
     python -m superinfer_sgl.bench.sched_overhead [--counts 1000 4000 16000] [--steps 40]
-        [--repeats 3] [--policy goodput] [--out results/sched_overhead/goodput.json]
+        [--repeats 3] [--policy goodput] [--arrivals 0] [--out results/sched_overhead/goodput.json]
 
 Each step first applies a decode iteration's changes (one output token per running request, the
-clock moving on), then times both calls on that state, alternating which goes first. A repeat is a
+clock moving on, `--arrivals` new requests appended to the waiting queue), then times both calls on that state, alternating which goes first. A repeat is a
 fresh state; each count reports the median and p90 of every repeat, and the pooled median and p90
 with 95% bootstrap intervals. `parts` times the hook's pieces in a separate pass (their own timers
 add a little). A shared VM moves these figures by 15-40%: compare numbers from one run.
@@ -55,11 +55,13 @@ def _ms(fn: Callable[[], Any]) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def time_steps(rig: Rig, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Per-step milliseconds of our hook and of stock's get_new_batch_prefill on the same states."""
+def time_steps(rig: Rig, steps: int, warmup: int, arrivals: int = 0) -> dict[str, list[float]]:
+    """Per-step milliseconds of our hook and of stock's get_new_batch_prefill on the same states
+    (`arrivals` new requests queued before each step)."""
     out: dict[str, list[float]] = {"ours": [], "stock": []}
     for i in range(warmup + steps):
         rig.decode()
+        rig.arrive(arrivals)
         pair = [("ours", rig.ours), ("stock", rig.stock)]
         for name, fn in pair if i % 2 == 0 else pair[::-1]:
             rig.batch.batch_is_full = False  # stock sets it when nothing fits: each call starts alike
@@ -110,7 +112,7 @@ def run_count(n: int, args: argparse.Namespace, model_path: str) -> dict[str, An
         rig = build(n, args.policy, args.max_running, model_path, seed=r)
         try:
             gc.collect()
-            times = time_steps(rig, args.steps, args.warmup)
+            times = time_steps(rig, args.steps, args.warmup, args.arrivals)
             if r == 0:
                 parts = time_parts(rig, args.steps)
                 d = rig.rt._decision
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="fresh states per count")
     ap.add_argument("--policy", choices=["goodput", "paper"], default="goodput")
     ap.add_argument("--max-running", type=int, default=1024, help="running requests at most (the batch)")
+    ap.add_argument("--arrivals", type=int, default=0, help="new requests queued before each step")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default results/sched_overhead/POLICY.json)")
     args = ap.parse_args(argv)
     from ..model_prep import prepare_default_model
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
     doc = {"what": "per-iteration scheduler time: RotaSchedRuntime.around_prefill (ours, stock's call inside) "
                    "vs stock SGLang get_new_batch_prefill, real SGLang Reqs on a CPU",
-           "policy": args.policy, "max_running": args.max_running,
+           "policy": args.policy, "max_running": args.max_running, "arrivals_per_step": args.arrivals,
            "command": " ".join([os.path.basename(sys.executable), "-m", "superinfer_sgl.bench.sched_overhead",
                                 *(argv if argv is not None else sys.argv[1:])]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -41,6 +41,7 @@ class Rig:
     rt: RotaSchedRuntime
     counts: dict[str, int]
     context: ExitStack  # SGLang's published config, active while the rig is used
+    arrived: int = 0
 
     def decode(self) -> None:
         """What one decode iteration changes: one output token per running request. The batch may
@@ -48,6 +49,16 @@ class Rig:
         for req in self.batch.reqs:
             req.output_ids.append(7)
         self.batch.batch_is_full = False
+
+    def arrive(self, k: int) -> None:
+        """`k` new requests appended to the waiting queue (a server's arrivals between two steps;
+        their clocks start when the hook first sees them)."""
+        from sglang.srt.managers.schedule_batch import Req
+
+        for _ in range(k):
+            self.arrived += 1
+            rid, cls = f"new-{self.arrived}", CLASSES[self.arrived % 3]
+            self.sched.waiting_queue.append(Req(rid, "", array("q", range(256)), _sampling(512, cls)))
 
     def stock(self) -> Any:
         from sglang.srt.managers.scheduler import Scheduler

@@ -19,6 +19,7 @@ from ..rotasched.clock import ReqClock
 from ..rotasched.costs import CostMeter
 from ..rotasched.goodput import StepCosts
 from .http_slo import intake_delay_s
+from .views import same_objects
 
 # What one rotation costs a CPU server before any is measured (the CPU profile's
 # step.per_resume_s, profiles/cpu-smollm2-135m.json); on a GPU a rotation's extra time starts at 0.
@@ -46,6 +47,9 @@ class Clocks:
         self.link_bytes_per_s = link_bytes_per_s
         self._cfg, self._pool_tokens = cfg, pool_tokens
         self._last_step_t: float | None = None
+        # the running batch at the last observation and its clocks (forgotten when clocks go)
+        self._running: list[Any] = []
+        self._running_clocks: list[ReqClock] = []
 
     # ---- request clocks ----------------------------------------------------------------------
     def clock(self, req: Any, now: float) -> ReqClock:
@@ -63,12 +67,15 @@ class Clocks:
         return clk
 
     def observe(self, running: list[Any], waiting: Iterable[Any], now: float) -> None:
-        """Outputs and states of the running batch's unfinished requests and the waiting queue."""
+        """Outputs and states of the running batch's unfinished requests and of waiting requests
+        (the runtime hands those that entered the queue since its last step)."""
         clocks = self.by_rid
-        for req in running:
-            clk = clocks.get(req.rid)
-            if clk is None:
-                clk = self.clock(req, now)
+        if same_objects(running, self._running):  # the batch of the last step: its clocks as found
+            found = self._running_clocks
+        else:
+            found = [clocks.get(req.rid) or self.clock(req, now) for req in running]
+            self._running, self._running_clocks = list(running), found
+        for req, clk in zip(running, found):
             clk.observe_outputs(len(req.output_ids), now)
             if clk.state is not _RUNNING:  # (set_state keeps a running stint's start)
                 clk.set_state(_RUNNING, now)
@@ -84,6 +91,7 @@ class Clocks:
     def finish(self, req: Any, now: float) -> ReqClock | None:
         """The clock of a request that ended, its last outputs observed (None: never seen)."""
         clk = self.by_rid.pop(req.rid, None)
+        self._running = []
         if clk is not None:
             clk.observe_outputs(len(req.output_ids), now)
         return clk
@@ -93,6 +101,7 @@ class Clocks:
         gone = [rid for rid in self.by_rid if match(rid)]
         for rid in gone:
             del self.by_rid[rid]
+        self._running = []
         return gone
 
     # ---- step costs --------------------------------------------------------------------------

@@ -79,9 +79,23 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     for target, hook, kind in http_guard.hooks():
         yield target, hook, HookType[kind]
     # --prefix-cache predictive: eviction by predicted reuse on SGLang's Python tree core
-    # (prefix_cache.py, docs/prefix_cache.md); nothing with the default radix cache.
-    for target, hook, kind in prefix_cache.hooks(cfg.prefix_cache, prefix_cache.PIN_SHARE):
+    # (prefix_cache.py, docs/prefix_cache.md); nothing with the default radix cache. Its host tier
+    # (--prefix-host-tokens, prefix_host.py): demote on eviction, restore on a match, drop on reset.
+    host_tokens = prefix_cache.AUTO_HOST if cfg.prefix_host_tokens is None else cfg.prefix_host_tokens
+    for target, hook, kind in prefix_cache.hooks(cfg.prefix_cache, prefix_cache.PIN_SHARE, host_tokens,
+                                                 cfg.kv_transfer, forward_fence):
         yield target, hook, HookType[kind]
+
+
+def forward_fence() -> list[Any]:
+    """What a KV copy into newly allocated slots waits for: the forward in flight under the overlap
+    scheduler (rotation.forward_fence); nothing before the scheduler exists or on a CPU."""
+    sched = getattr(_RUNTIME, "sched", None)
+    if sched is None:
+        return []
+    from .rotation import forward_fence as fence
+
+    return fence(sched)
 
 
 def _running_offset(original: Callable[..., Any], adder: Any, req: Any) -> Any:

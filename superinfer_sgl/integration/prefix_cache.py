@@ -14,21 +14,31 @@ UnifiedTreeCore method:
                        token), which a returning prefix inherits
   evict_device_start   an eviction round: score the evictable leaves, pick the pin set
 
-Not built here: demoting predicted-reuse prefixes to a host pool through DuplexKV instead of
-dropping them (docs/prefix_cache.md).
+With a host budget (--prefix-host-tokens N > 0), three more (prefix_host.py): evict_device_leaf
+(BEFORE: demote a leaf of high predicted reuse to host blocks through DuplexKV before SGLang frees
+its slots), UnifiedRadixCache._match_tree (AROUND: restore demoted entries that continue a
+request's match, then match again) and reset (AFTER: drop them all).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..rotasched.prefix_reuse import EvictionRanker, Leaf, PredictorParams, ReusePredictor
 
+if TYPE_CHECKING:
+    from .prefix_host import PrefixHost
+
+logger = logging.getLogger(__name__)
+
 CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
+CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 SELECT_CORE = "sglang.srt.mem_cache.unified_cache.tree_core_registry.select_tree_core_backend"
 PIN_SHARE = 0.25  # the device pool's share that pinned prefixes may hold
+AUTO_HOST = -1  # --prefix-host-tokens auto: prefix_host.auto_host_tokens
 
 
 class PrefixCacheState:
@@ -40,6 +50,8 @@ class PrefixCacheState:
         self.clock = clock
         self.hook_s = 0.0
         self.hook_calls = 0
+        self.host: PrefixHost | None = None  # the host tier (--prefix-host-tokens), when on and supported
+        self.host_refused: str | None = None  # why it is off although asked for
 
     def charge(self, start: float) -> None:
         self.hook_s += time.perf_counter() - start
@@ -83,8 +95,12 @@ def _end_depth(node: Any, root: Any) -> int:
     return depth
 
 
-def hooks(prefix_cache: str, pin_share: float) -> Iterator[tuple[str, Callable[..., Any], str]]:
-    """(target, hook, HookType name) for --prefix-cache; none for SGLang's own radix cache."""
+def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: str = "auto",
+          fence: Callable[[], list[Any]] | None = None) -> Iterator[tuple[str, Callable[..., Any], str]]:
+    """(target, hook, HookType name) for --prefix-cache; none for SGLang's own radix cache.
+    host_tokens > 0: demotion to a host tier of that many tokens (prefix_host.py); AUTO_HOST: sized
+    from the device pool (prefix_host.auto_host_tokens); 0: none. fence: what the host tier's copies
+    wait for (the server: the forward in flight; default: nothing)."""
     if prefix_cache == "radix":
         return
     strategy = strategy_class()
@@ -97,6 +113,21 @@ def hooks(prefix_cache: str, pin_share: float) -> Iterator[tuple[str, Callable[.
         pool = int(getattr(allocator, "size", 0) or 0)
         core._superinfer_prefix = state = PrefixCacheState(pool, pin_share)
         core.eviction_strategy = strategy(state)
+        if host_tokens != 0:
+            from .prefix_host import PrefixHost
+
+            extra = {} if fence is None else {"fence": fence}
+            state.host, state.host_refused = PrefixHost.open(core, params, state.predictor, host_tokens, transfer,
+                                                             **extra)
+            if state.host_refused is not None:
+                log = logger.info if host_tokens == AUTO_HOST else logger.warning
+                log("superinfer: prefix host tier (--prefix-host-tokens %s) off: %s",
+                    "auto" if host_tokens == AUTO_HOST else host_tokens, state.host_refused)
+            elif state.host is not None:
+                pool = state.host.engine.host_pool
+                logger.info("superinfer: prefix host tier %d tokens (%d blocks x %d, %.3f GiB), transfer=%s",
+                            state.host.store.budget, pool.num_blocks, pool.block_tokens,
+                            pool.num_blocks * pool.bytes_per_block / 2**30, state.host.engine.transfer)
 
     def on_match(result: Any, core: Any, params: Any, *args: Any, **kwargs: Any) -> None:
         st, req = _state(core), getattr(params, "req", None)
@@ -124,6 +155,33 @@ def hooks(prefix_cache: str, pin_share: float) -> Iterator[tuple[str, Callable[.
         st = _state(core)
         if st is not None:
             st.predictor.forget(node.id, st.clock(), _ghost_key(node, core.page_size))
+            if st.host is not None:  # dropped, not demoted: the entries hanging under it go
+                st.host.store.node_left(node.id)
+
+    def on_evict_leaf(core: Any, node_id: Any, *args: Any, **kwargs: Any) -> None:
+        st = _state(core)
+        if st is None or st.host is None:
+            return
+        node = core._node_arena.get(node_id)
+        if node is None:
+            return
+        now = st.clock()
+        score = st.predictor.score(node.id, now)
+        st.host.demote(core, node, score, now, st.predictor.nodes.get(node.id))
+
+    def around_match(original: Callable[..., Any], cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(cache, params, *args, **kwargs)
+        st = _state(getattr(cache, "tree_core", None))
+        if st is None or st.host is None or getattr(params, "req", None) is None or cache.disable:
+            return result
+        if st.host.restore(cache, params, result, st.clock()) > 0:
+            result = original(cache, params, *args, **kwargs)  # the tree's own match now covers it
+        return result
+
+    def on_reset(result: None, core: Any, *args: Any, **kwargs: Any) -> None:
+        st = _state(core)
+        if st is not None and st.host is not None:
+            st.host.store.clear()
 
     def on_evict_start(core: Any, component_type: Any, request_cnt: int, *args: Any, **kwargs: Any) -> None:
         st = _state(core)
@@ -144,3 +202,7 @@ def hooks(prefix_cache: str, pin_share: float) -> Iterator[tuple[str, Callable[.
     yield f"{CORE}._split_node", on_split, "AFTER"
     yield f"{CORE}._unregister_node", on_unregister, "BEFORE"
     yield f"{CORE}.evict_device_start", on_evict_start, "BEFORE"
+    if host_tokens != 0:
+        yield f"{CORE}.evict_device_leaf", on_evict_leaf, "BEFORE"
+        yield f"{CACHE}._match_tree", around_match, "AROUND"
+        yield f"{CORE}.reset", on_reset, "AFTER"

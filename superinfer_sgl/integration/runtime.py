@@ -18,10 +18,11 @@ from typing import Any, Callable
 
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
-from ..rotasched import Decision, DecisionSync, ReqState, ReqView, VltParams
+from ..rotasched import Decision, DecisionSync, ReqState, VltParams
 from ..rotasched import planner
 from ..rotasched.goodput import GoodputParams
 from ..rotasched.lvf import rank_order
+from ..rotasched.pending import StepQueue
 from ..rotasched.policy import LvfPolicy
 from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
 from . import rotation
@@ -67,7 +68,7 @@ class RotaSchedRuntime:
         self.running_share = share if engine is not None else 1.0
         self.rules = ViewRules(cfg.rotary_block_tokens, clip, self.running_share)
         # views rebuilt only for requests whose inputs changed (reuse=False: all, every step)
-        self.step_views = req_views.StepViews(self.rules, self.policy_class.reads_running_progress)
+        self.step_views = req_views.StepViews(self.rules)
         self._reserved = 0.0  # the running batch's decode reserve, this step
         self.prefetcher = Prefetcher(sched, engine, self.store, self.stats, self.broadcast, self.hold_rotary,
                                      self.rules)
@@ -80,7 +81,8 @@ class RotaSchedRuntime:
         self.budget = self.clocks.rotation_budget(
             None if self.engine is None else self.engine.host_pool.bytes_per_block)
         live = [r for r in running_batch.reqs if not r.finished()]
-        self.clocks.observe(live, self.sched.waiting_queue, now)
+        # waiting requests are observed once, when they enter the queue (a clock, their state)
+        self.clocks.observe(live, self.step_views.watch.look(self.sched.waiting_queue), now)
         if self.engine is None:
             plan = original(sched, running_batch)
         else:
@@ -95,12 +97,13 @@ class RotaSchedRuntime:
     def _step(self, running_batch: Any, live: list[Any], now: float) -> list[Any]:
         if self.eager_sync:
             self._eager_sync(live)
-        views, by_rid = self._views(running_batch, live, now)
+        queue = self._views(live, now)
         policy = self._step_policy()
-        decision = self.sync.decide(lambda: self._decide(views, running_batch, now, policy))
+        decision = self.sync.decide(lambda: self._decide(queue, running_batch, now, policy))
         self._decision = decision
         self.stats.decisions += 1
         self.stats.contended_decisions += decision.contention
+        by_rid = {r.rid: r for r in live} if decision.rotate_out else {}
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
         out += self._forced(live, out)
         resumes = self._resumable(decision.resume)
@@ -109,11 +112,13 @@ class RotaSchedRuntime:
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so
         # every TP rank offers the same queue.
-        locks, queue = self.store.resume_locks, self.sched.waiting_queue
-        rids = [r.rid for r in queue]
-        by_rid_waiting = dict(zip(rids, queue))
-        order = [by_rid_waiting[rid] for rid in planner.admission_order(rids, list(locks), decision)
-                 if rid in by_rid_waiting and rid not in held]
+        locks = self.store.resume_locks
+        watch = self.step_views.watch
+        if out or resumes:  # resumed and recomputed requests joined the queue
+            watch.look(self.sched.waiting_queue)
+        waiting = watch.by_rid
+        order = [waiting[rid] for rid in planner.admission_order(waiting.keys(), list(locks), decision)
+                 if rid in waiting and rid not in held]
         if self.cfg.prefetch:
             rules = self.rules
             # the running batch's reserve after this step's outs left it (the same sum when none did)
@@ -123,7 +128,8 @@ class RotaSchedRuntime:
             first = set(locks) | set(decision.admit)
             # the policy's own order: a prefetch bets on the request LVF resumes next
             self.prefetcher.start(
-                lambda: rank_order([v for v in views if v.state is ReqState.ROTARY], now, self.params, policy),
+                lambda: rank_order([v for v in queue.pending if v.state is ReqState.ROTARY], now, self.params,
+                                   policy),
                 [r for r in order if r.rid in first], locks, reserved,
                 self.budget - self.inbound_blocks, self.iteration)
         return order
@@ -139,22 +145,22 @@ class RotaSchedRuntime:
                 rotation.eager_sync(self.sched, req, self.engine, max_blocks=budget)
                 budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
 
-    def _views(self, running_batch: Any, live: list[Any], now: float) -> tuple[list[ReqView], dict[str, Any]]:
+    def _views(self, live: list[Any], now: float) -> StepQueue:
         """Every running, waiting and rotary request's view (`req_views.StepViews`); the running
         batch's decode reserve is kept for this step's free blocks and prefetch room."""
         young = now - self.clocks.min_stint_s  # stints that began after this are not over yet
-        views, self._reserved = self.step_views.build(self.sched, live, self.clocks.by_rid,
+        queue, self._reserved = self.step_views.build(self.sched, live, self.clocks.by_rid,
                                                       self.store.resume_locks, self.store.entries, young)
-        return views, {r.rid: r for r in live}
+        return queue
 
     def _step_policy(self) -> LvfPolicy:
         """The --policy for this step, with the step costs measured so far."""
         return self.policy_class.for_step(lambda: GoodputParams(
             self.clocks.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late))
 
-    def _decide(self, views: list[ReqView], running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
+    def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
-        return planner.plan_step(views, free, self.budget, now, self.params,
+        return planner.plan_step(queue, free, self.budget, now, self.params,
                                  policy, self.sched.chunked_req is not None)
 
     # ---- rotate ------------------------------------------------------------------------------
@@ -253,6 +259,7 @@ class RotaSchedRuntime:
             gone = {id(r) for r in admitted}
             sched.waiting_queue = [r for r in before if id(r) not in gone] + added if gone else before + added
         self.store.unlock_admitted(admitted)
+        self.step_views.watch.note_removed(admitted)
         return plan
 
     # ---- SGLang's entry points (hooks.py) ----------------------------------------------------
@@ -266,6 +273,7 @@ class RotaSchedRuntime:
         self.store.abort(match)
         for rid in self.clocks.drop(match):
             self.store.forget(rid)
+        self.step_views.reset()  # requests still queued get their clocks again
 
     def on_finished(self, req: Any) -> dict[str, object] | None:
         self.store.forget_kv([req])

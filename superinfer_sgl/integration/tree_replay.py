@@ -26,15 +26,23 @@ def _wrap(original: Any, hook: Any, kind: str) -> Any:
 
 
 class HookedTreeCore:
-    """Our hooks on SGLang's tree core for the duration of a `with` (restored after)."""
+    """Our hooks on SGLang's tree core for the duration of a `with` (restored after); with
+    host_tokens > 0 the host tier's too (prefix_host.py)."""
+
+    def __init__(self, host_tokens: int = 0, min_score: float | None = None) -> None:
+        self.host_tokens = host_tokens
+        self.min_score = min_score
 
     def __enter__(self) -> "HookedTreeCore":
         from superinfer_patches import resolve
 
-        from . import prefix_cache
+        from . import prefix_cache, prefix_host
 
         self.saved = []
-        for target, hook, kind in prefix_cache.hooks("predictive", prefix_cache.PIN_SHARE):
+        if self.min_score is not None:  # the replay's threshold sweep
+            self.saved.append((prefix_host, "DEMOTE_MIN_SCORE", prefix_host.DEMOTE_MIN_SCORE))
+            prefix_host.DEMOTE_MIN_SCORE = self.min_score
+        for target, hook, kind in prefix_cache.hooks("predictive", prefix_cache.PIN_SHARE, self.host_tokens):
             if target == prefix_cache.SELECT_CORE:
                 continue
             owner_path, _, attr = target.rpartition(".")
@@ -49,14 +57,25 @@ class HookedTreeCore:
             setattr(owner, attr, original)
 
 
-def radix_tree(policy: str, kv_tokens: int, tlru: dict[str, int]) -> Any:
+def kv_pool(kv_tokens: int, page_size: int = 1, layers: int = 1, heads: int = 1, head_dim: int = 4,
+            dtype: Any = None) -> Any:
+    """SGLang's MHATokenToKVPool on the CPU (what host demotion copies; tiny by default)."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=dtype or torch.float32, head_num=heads,
+                            head_dim=head_dim, layer_num=layers, device="cpu", enable_memory_saver=False)
+
+
+def radix_tree(policy: str, kv_tokens: int, tlru: dict[str, int], kvcache: Any = None) -> Any:
     import torch
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    alloc = TokenToKVPoolAllocator(kv_tokens, torch.float32, "cpu", SimpleNamespace(), False)
+    alloc = TokenToKVPoolAllocator(kv_tokens, torch.float32, "cpu",
+                                   kvcache if kvcache is not None else SimpleNamespace(), False)
     params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=1,
                              tree_components=(ComponentType.FULL,),
                              eviction_policy="lru" if policy == "predictive" else policy,
@@ -69,8 +88,8 @@ def radix_tree(policy: str, kv_tokens: int, tlru: dict[str, int]) -> Any:
 class TreeReplay:
     """One request at a time through a radix tree of `kv_tokens` slots under `policy`."""
 
-    def __init__(self, policy: str, kv_tokens: int, tlru: dict[str, int]) -> None:
-        self.cache, self.alloc = radix_tree(policy, kv_tokens, tlru)
+    def __init__(self, policy: str, kv_tokens: int, tlru: dict[str, int], kvcache: Any = None) -> None:
+        self.cache, self.alloc = radix_tree(policy, kv_tokens, tlru, kvcache)
         self.now = 0.0
         state = getattr(self.cache.tree_core, "_superinfer_prefix", None)
         if state is not None:

@@ -7,11 +7,15 @@ simulator adapts its requests to as well.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 from ..rotasched import ReqState, ReqView
 from ..rotasched import views as rules_
 from ..rotasched.clock import ReqClock
+from ..rotasched.pending import PendingIndex, StepQueue
 from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
 from . import rotation
 
@@ -100,75 +104,265 @@ def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool, sgla
                          _left(req), ratio)
 
 
+def same_objects(a: list[Any], b: list[Any]) -> bool:
+    """The same objects in the same order (identity, at C speed)."""
+    return len(a) == len(b) and all(map(is_, a, b))
+
+
+class QueueWatch:
+    """What changed in SGLang's waiting queue since the last look. SGLang appends to and rebuilds
+    that list in many places; comparing the identities of its entries (at C speed) tells whether
+    it changed at all, and which entries came and went, without a Python step per queued request
+    where only arrivals were appended (the common change). The entries seen are held, so their ids
+    cannot be reused by new objects meanwhile. What changed is kept until `StepViews` takes it
+    (`take`), however often the queue was looked at."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the last look: every entry is new again (after aborts dropped clocks)."""
+        self._held: list[Any] = []
+        self._id_set: set[int] = set()
+        self._changed, self._new, self._gone = True, [], []  # since the last `take`
+        self.by_rid: dict[str, Any] = {}  # rid -> request, in queue order
+
+    def look(self, queue: list[Any]) -> list[Any]:
+        """The entries new since the last look (all of them after `reset`)."""
+        held = self._held
+        n = len(held)
+        if len(queue) == n and same_objects(queue, held):
+            return []
+        if len(queue) > n and same_objects(queue[:n], held):
+            new = queue[n:]  # arrivals appended: only they are looked at
+            held += new
+            self._id_set.update(map(id, new))
+            self.by_rid.update((r.rid, r) for r in new)
+        else:
+            ids = set(map(id, queue))
+            self._gone += [r for r in held if id(r) not in ids]
+            seen = self._id_set
+            new = [r for r in queue if id(r) not in seen]
+            self._held, self._id_set = list(queue), ids
+            self.by_rid = {r.rid: r for r in queue}
+        self._changed = True
+        self._new += new
+        return new
+
+    def note_removed(self, reqs: list[Any]) -> None:
+        """Requests the runtime's admission took out of the queue, which otherwise keeps its
+        order: forgotten here, so the next look finds the rest in place (one C-speed search each,
+        not a look at every entry)."""
+        held, ids, by_rid = self._held, self._id_set, self.by_rid
+        for r in reqs:
+            if id(r) in ids:
+                del held[held.index(r)]  # (Req compares by identity)
+                ids.discard(id(r))
+                if by_rid.get(r.rid) is r:
+                    del by_rid[r.rid]
+                self._gone.append(r)
+                self._changed = True
+
+    def take(self) -> tuple[bool, list[Any], list[str]]:
+        """(whether the queue changed, the entries that came and are still queued, the rids of
+        those that left and are not queued) since the last take."""
+        changed, new, gone, by_rid = self._changed, self._new, self._gone, self.by_rid
+        self._changed, self._new, self._gone = False, [], []
+        return (changed, [r for r in new if by_rid.get(r.rid) is r],
+                [r.rid for r in gone if r.rid not in by_rid])
+
+
 class StepViews:
     """A step's views of every running, waiting and rotary request, and the running batch's decode
     reserve (the free-block budget's and prefetch room's: each request's reserve computed once).
 
-    A view depends on the step's time only through the quantum (`can`), so one whose inputs are as
-    at its last build (its clock, outputs, host KV, the ratio of its reserve) is reused: between
-    decode steps only running requests change, and of those only what the policy reads is checked
-    (below; `reads_running_progress`: the goodput policy's gap budgets and first tokens).
-    `reuse=False` builds every view afresh (the reference the incremental path is tested
-    against)."""
+    Between decode steps only running requests change, and what a policy reads of them every step
+    (state, stint, SLOs, first token, gaps left to miss) comes from their clocks: a running view
+    is kept while its clock's `version` is the one it was built at. Its blocks and rotatability,
+    which only LVF's wall and victims read, are checked when LVF asks (`StepQueue.fresh_running`,
+    `StepQueue.movable`: `_refresh`). Waiting and rotary views live in a `PendingIndex` kept between steps: a step
+    looks at a waiting request only when it entered the queue (`QueueWatch`), or when what every
+    view reads moved (SGLang's new-token ratio, the set of restored requests), and at the rotary
+    set only when it changed. `reuse=False` builds every view afresh (the reference the
+    incremental path is tested against)."""
 
-    def __init__(self, rules: ViewRules, reads_running_progress: bool, reuse: bool = True) -> None:
-        self.rules, self.progress = rules, reads_running_progress
-        self.cache: dict[str, tuple[tuple[object, ...], ReqView]] | None = {} if reuse else None
+    def __init__(self, rules: ViewRules, reuse: bool = True) -> None:
+        self.rules = rules
+        self.cache: dict[str, _Running] | None = {} if reuse else None
+        self.watch = QueueWatch()
+        self.pending = PendingIndex()
+        self._filed: dict[str, tuple[object, ...]] = {}  # rid -> key of its view in `pending`
+        self._ratio: float | None = None
+        self._restored: frozenset[str] = frozenset()
+        self._rotary_ids: list[int] = []
+        self._rotary_rids: list[str] = []
+        self._live: list[Any] = []  # the running batch at the last build, and its views as kept
+        self._hits: list[_Running] = []
+
+    def reset(self) -> None:
+        """Look at every request again next step (clocks were dropped: aborts)."""
+        self.watch.reset()
+        self.pending, self._filed, self._ratio = PendingIndex(), {}, None
+        self._live, self._hits = [], []
+        if self.cache is not None:
+            self.cache = {}
 
     def build(self, sched: Any, live: list[Any], clocks: dict[str, ReqClock], restored: Any,
-              rotary: dict[str, Any], young: float) -> tuple[list[ReqView], float]:
-        """`live`: the running batch's unfinished requests; `restored`: rids of waiting requests
-        whose KV is back (a container); `rotary`: rid -> entry (`.req`, `.host_kv`); `young`:
-        stints that began after it are within the quantum."""
-        rules, old = self.rules, self.cache
-        bt, clip, share = rules.block_tokens, rules.clip, rules.running_share
+              rotary: dict[str, Any], young: float) -> tuple[StepQueue, float]:
+        """`live`: the running batch's unfinished requests (their clocks observed this step);
+        `restored`: rids of waiting requests whose KV is back (a container); `rotary`: rid ->
+        entry (`.req`, `.host_kv`); `young`: stints that began after it are within the quantum.
+        The waiting queue is the one `watch.look` last saw. Returns the step's queue (its running
+        views' blocks and rotatability refreshed when LVF asks) and
+        the running batch's decode reserve."""
         tracker = getattr(sched, "new_token_ratio_tracker", None)
         sglang_ratio = tracker.current if tracker is not None else 1.0
-        cache: dict[str, tuple[tuple[object, ...], ReqView]] = {}
-        views: list[ReqView] = []
-        add, reserved = views.append, 0.0
-        for req in live:
-            rid, clk = req.rid, clocks[req.rid]
-            fixed, left = req.sampling_params.ignore_eos, _left(req)
-            ratio = share if fixed else sglang_ratio
-            reserve = rules_.reserve_tokens(left, ratio, clip)
-            reserved += reserve
-            start = clk.run_start
+        if self.cache is None:  # the reference: every view afresh
+            running, reserved = [], 0.0
+            for req in live:
+                built = self._build_running(sched, req, clocks[req.rid], young, sglang_ratio)
+                running.append(built.view)
+                reserved += built.reserve
+            pending = PendingIndex(view for _, (_, view) in self._pending(sched, clocks, restored, rotary,
+                                                                          sglang_ratio, sched.waiting_queue, rotary))
+            return StepQueue(running, pending), reserved
+        running, reserved, tokens = self._running(sched, live, clocks, young, sglang_ratio)
+        self._sync(sched, clocks, restored, rotary, sglang_ratio)
+        # Each running view holds blocks(its tokens + its reserve) >= that over the block size; the
+        # float sums' rounding is far inside the margin of one block and a relative 1e-9.
+        floor = max(0, int((tokens + reserved) / self.rules.block_tokens * (1.0 - 1e-9)) - 1)
+        return StepQueue(running, self.pending, lambda views: self._refresh(sched, young, sglang_ratio, views),
+                         lambda views: self._refresh(sched, young, sglang_ratio, views, movable=True), floor), reserved
+
+    def _running(self, sched: Any, live: list[Any], clocks: dict[str, ReqClock], young: float,
+                 sglang_ratio: float) -> tuple[list[ReqView], float, int]:
+        """The running views, each kept while its clock is at the version it was built at (what
+        the policy reads every step comes from the clock), the batch's decode reserve and its
+        tokens."""
+        rules, cache = self.rules, self.cache
+        assert cache is not None
+        clip, share = rules.clip, rules.running_share
+        same = same_objects(live, self._live)  # the batch as at the last step (a decode step's)
+        # (a kept view's clock is the request's: `reset` empties the cache when clocks go)
+        kept = self._hits if same else [cache.get(r.rid) for r in live]
+        hits: list[_Running] = []
+        running: list[ReqView] = []
+        rebuilt: list[_Running] = []
+        reserved, tokens = 0.0, 0
+        for req, hit in zip(live, kept):
+            if hit is None or hit.version != hit.clock.version or hit.req is not req:
+                hit = self._build_running(sched, req, clocks[req.rid], young, sglang_ratio)
+                rebuilt.append(hit)
+            hits.append(hit)
+            running.append(hit.view)
+            outputs = len(req.output_ids)
+            tokens += hit.prompt + outputs
+            # SGLang's reserve of it, for the free blocks (rotasched.views.reserve_tokens)
+            reserved += rules_.reserve_tokens(hit.max_new - outputs, share if hit.fixed else sglang_ratio, clip)
+        if not same:
+            self.cache = {h.req.rid: h for h in hits}  # requests gone since the last step drop out
+        else:
+            for h in rebuilt:
+                cache[h.req.rid] = h
+        self._live, self._hits = list(live), hits
+        return running, reserved, tokens
+
+    def _refresh(self, sched: Any, young: float, sglang_ratio: float, views: list[ReqView],
+                 movable: bool = False) -> list[ReqView]:
+        """`views` (this step's running views, as `_running` kept them) with every field current: a
+        view is rebuilt only where its blocks or its rotatability moved (the rest comes from its
+        clock, at the version it was built at). `movable`: only those that may be rotated out now
+        (rotatable, holding blocks); the others' blocks are not looked at."""
+        cache, rules = self.cache, self.rules
+        assert cache is not None
+        out: list[ReqView] = []
+        for view in views:
+            hit = cache[view.rid]
+            req, start = hit.req, view.run_start
             can = start is not None and start <= young and rotatable(sched, req)
-            # What a policy reads of a running request: its blocks, stint and rotatability (LVF),
-            # and, for one that reads its progress (goodput), its gaps left to miss and whether its
-            # first token came. Its last token's time and outputs left are read only of waiting and
-            # rotary requests, so a view kept for them may hold older values.
-            key: tuple[object, ...] = (clk, _RUN, rules_.blocks(req.seqlen + reserve, bt), can, start)
-            if self.progress:
-                key += (clk.misses_left(left if left > 0 else 0), clk.first_token)
-            hit = None if old is None else old.get(rid)
-            if hit is None or hit[0] != key:
-                hit = (key, rules.running(clk, req.seqlen, left, ratio, can))
-            cache[rid] = hit
-            add(hit[1])
-        for req in sched.waiting_queue:
+            if movable and not can:
+                continue
+            outputs = len(req.output_ids)
+            reserve = rules_.reserve_tokens(hit.max_new - outputs, rules.running_share if hit.fixed else sglang_ratio,
+                                            rules.clip)
+            if rules_.blocks(hit.prompt + outputs + reserve, rules.block_tokens) != view.blocks_held or \
+                    can != view.rotatable:
+                hit = cache[view.rid] = self._build_running(sched, req, hit.clock, young, sglang_ratio)
+            if not movable or hit.view.blocks_held > 0:
+                out.append(hit.view)
+        return out
+
+    def _build_running(self, sched: Any, req: Any, clk: ReqClock, young: float, sglang_ratio: float) -> _Running:
+        """One running request's view, as of now."""
+        rules = self.rules
+        fixed, left = req.sampling_params.ignore_eos, _left(req)
+        ratio = rules.running_share if fixed else sglang_ratio
+        start = clk.run_start
+        can = start is not None and start <= young and rotatable(sched, req)
+        return _Running(clk, clk.version, rules.running(clk, req.seqlen, left, ratio, can), len(req.origin_input_ids),
+                        req.sampling_params.max_new_tokens, fixed, req, rules_.reserve_tokens(left, ratio, rules.clip))
+
+    def _sync(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any],
+              ratio: float) -> None:
+        """Bring the pending index up to the queue and the rotary set: drop who left, file who came
+        or changed."""
+        back = frozenset(restored)
+        every = ratio != self._ratio or back != self._restored
+        rotary_ids = list(map(id, rotary.values()))
+        rotary_moved = every or rotary_ids != self._rotary_ids
+        watch = self.watch
+        changed, new, gone = watch.take()
+        if not (every or changed or rotary_moved):
+            return
+        filed, pending = self._filed, self.pending
+        queued = watch.by_rid
+        if rotary_moved:  # rotary requests that left (resumed ones are queued: re-filed below)
+            gone = gone + [rid for rid in self._rotary_rids if rid not in rotary]
+        for rid in gone:
+            if rid in filed and rid not in queued and rid not in rotary:
+                del filed[rid]
+                pending.drop(rid)
+        self._ratio, self._restored, self._rotary_ids = ratio, back, rotary_ids
+        self._rotary_rids = list(rotary)
+        waiting = sched.waiting_queue if every else new
+        for rid, (key, view) in self._pending(sched, clocks, back, rotary, ratio, waiting,
+                                               rotary if rotary_moved else {}):
+            filed[rid] = key
+            pending.put(view)
+
+    def _pending(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any],
+                 sglang_ratio: float, waiting: Any, rotary_now: dict[str, Any]
+                 ) -> Iterator[tuple[str, tuple[tuple[object, ...], ReqView]]]:
+        """(rid, (key, view)) of the `waiting` requests and the `rotary_now` entries whose key differs
+        from the one filed (every one for the reference, `reuse=False`)."""
+        rules, filed, fresh = self.rules, self._filed, self.cache is None
+        for req in waiting:
             rid = req.rid
             clk, back = clocks[rid], rid in restored
             ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
             key = (clk, _WAIT, len(req.output_ids), back, ratio)
-            hit = None if old is None else old.get(rid)
-            if hit is None or hit[0] != key:
-                hit = (key, waiting_view(rules, clk, req, back, sglang_ratio))
-            cache[rid] = hit
-            add(hit[1])
-        for rid, entry in rotary.items():
+            if fresh or filed.get(rid) != key:
+                yield rid, (key, waiting_view(rules, clk, req, back, sglang_ratio))
+        for rid, entry in rotary_now.items():
             clk, req, host = clocks[rid], entry.req, entry.host_kv.num_tokens
             ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
             key = (clk, _ROT, len(req.output_ids), host, ratio)
-            hit = None if old is None else old.get(rid)
-            if hit is None or hit[0] != key:
-                hit = (key, rules.rotary(clk, host, _left(req), ratio))
-            cache[rid] = hit
-            add(hit[1])
-        if old is not None:
-            self.cache = cache  # requests gone since the last step drop out
-        return views, reserved
+            if fresh or filed.get(rid) != key:
+                yield rid, (key, rules.rotary(clk, host, _left(req), ratio))
 
 
 _RUN, _WAIT, _ROT = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY
+
+
+@dataclass(slots=True)
+class _Running:
+    """A running request's view as built, with what decides whether it still holds."""
+
+    clock: ReqClock
+    version: int  # the clock's at the build
+    view: ReqView
+    prompt: int
+    max_new: int
+    fixed: bool  # ignore_eos: its reserve keeps the running share
+    req: Any
+    reserve: float  # its decode reserve at the build

@@ -18,7 +18,7 @@ TBT_MET_SHARE = 0.9
 _RUNNING = ReqState.RUNNING  # module constant: enum class attribute lookups are slow
 
 
-@dataclass
+@dataclass(slots=True)  # attribute reads and writes: every running request's, every step
 class ReqClock:
     rid: str
     arrival: float
@@ -34,6 +34,11 @@ class ReqClock:
     rotations: int = 0
     recomputes: int = 0
     max_gap: float = 0.0
+    # Bumped whenever what a running request's view reads of its clock changes (its state and
+    # stint, its first token, a missed gap): a view built at the same version still holds.
+    # (Its gaps left to miss, `misses_left(outputs_left)`, move only with a missed gap: each new
+    # output adds one to `outputs_seen` and takes one off the outputs left.)
+    version: int = 0
 
     def observe_outputs(self, n_out: int, now: float) -> None:
         """Record newly committed output tokens (n_out is the request's total so far).
@@ -46,11 +51,15 @@ class ReqClock:
             return
         if self.first_token is None:
             self.first_token = now
+            self.version += 1
         else:
             gap = now - (self.last_token if self.last_token is not None else now)
             self.gaps += 1
-            self.max_gap = max(self.max_gap, gap)
-            self.gaps_missed += gap * 1000.0 > self.slo.tbt_ms
+            if gap > self.max_gap:
+                self.max_gap = gap
+            if gap * 1000.0 > self.slo.tbt_ms:
+                self.gaps_missed += 1
+                self.version += 1
         self.gaps += new - 1  # tokens that arrived together: zero-length gaps
         self.last_token = now
         self.outputs_seen = n_out
@@ -66,8 +75,10 @@ class ReqClock:
         if state == _RUNNING:
             if self.state != _RUNNING:
                 self.run_start = now
-        else:
+                self.version += 1
+        elif self.run_start is not None or self.state != state:
             self.run_start = None
+            self.version += 1
         self.state = state
 
     @property

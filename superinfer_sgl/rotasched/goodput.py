@@ -33,14 +33,19 @@ The rules are functions of one view each; `GoodputLvf` hands them to LVF as its 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import heapq
+import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks
+from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
+from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
+from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 ROTATION_AMORTIZE = 20
@@ -276,6 +281,10 @@ class GoodputLvf:
         return view.last_token is None and not ttft_reachable(view, now, ahead_tokens, self.params.costs,
                                                               self.chunk)
 
+    def victim_candidates(self, running: list[ReqView]) -> list[ReqView]:
+        """The lost ones (`victim_key`; `lost`, inlined: this reads every running view)."""
+        return [v for v in running if v.ttft_met is False or v.misses_left < 0]
+
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:
         """Lost requests only (`victim_key`), and only while a rotation's stall is affordable."""
@@ -288,6 +297,49 @@ class GoodputLvf:
                 keyed.append((key, v.arrival, v.rid, v))
         keyed.sort()
         return [row[3] for row in keyed]
+
+    def head_rows(self, pending: PendingIndex, now: float, vlt_params: VltParams) -> Iterator[Row]:
+        """`rank`'s order of the pending views, (tier, key, arrival, rid) ascending, produced only as
+        far as the head scan reads it (`GoodputBook`): the promoted requests (only those waiting
+        longer than the bound are looked at), then the viable ones merged from their classes'
+        deadline orders (a request not yet started is looked at only while its TTFT deadline has
+        not passed), then the best-effort ones by outputs left. Each request's tier is `tier`'s,
+        computed when the walk reaches it."""
+        book = pending.book(GoodputBook)
+        views, params, chunk = pending.views, self.params, self.chunk
+        tiers: dict[str, int] = {}
+
+        def row(view: ReqView, t: int) -> Row:
+            return (t, rank_key(view, now, t), view.arrival, view.rid, view, vlts((view,), now, vlt_params)[0] > 0)
+
+        def tier_of(view: ReqView) -> int:
+            t = tiers.get(view.rid)
+            if t is None:
+                t = tiers[view.rid] = tier(view, now, params, chunk)
+            return t
+
+        def viable(rows: list[tuple[float, float, str]], started: bool) -> Iterator[Row]:
+            # rank_key grows with the deadline within a class (sorted_runs: equal keys)
+            first = 0 if started else bisect.bisect_left(rows, (now,))
+            for _, _, rid in itertools.islice(rows, first, None):
+                view = views[rid]
+                if started or tier_of(view) == VIABLE:
+                    yield row(view, VIABLE)
+
+        promoted = []
+        for since, _, rid in book.by_since:
+            if not now - since >= params.max_best_effort_wait_s:
+                break
+            view = views[rid]
+            if tier_of(view) == PROMOTED:
+                promoted.append(row(view, PROMOTED))
+        promoted.sort()
+        yield from promoted
+        yield from heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
+        for _, _, rid in book.by_outputs:
+            view = views[rid]
+            if tier_of(view) == BEST_EFFORT:
+                yield row(view, BEST_EFFORT)
 
     def prefill_cap(self, views: list[ReqView]) -> int | None:
         return prefill_cap(views, self.params.costs)
@@ -302,3 +354,76 @@ class GoodputLvf:
             return cap
         budget = deadline_budget(views, admitted, now, self.params, cap)
         return cap if budget is None else budget
+
+
+class GoodputBook:
+    """The goodput order's structures over a `PendingIndex` (`GoodputLvf.head_rows` reads them):
+
+    - `deadlines[(weight, started)]`: (deadline, arrival, rid), the deadline of the SLO clock that
+      is ticking (`slack` = deadline - now). Within one weight `rank_key` grows with the deadline at
+      any `now`, so each list is its class's viable order, whatever the time; requests not yet
+      started whose deadline has passed cannot be viable, and are skipped with one bisection.
+      Started requests that lost their SLOs are never viable and are not filed here.
+    - `by_outputs`: (-outputs left, arrival, rid) of every request: the best-effort order.
+    - `by_since`: (since, arrival, rid) of every request that may be promoted (all but the started
+      ones still viable): those waiting longest first.
+
+    Sorted lists (bisect): a request is filed or unfiled when it arrives, leaves or changes what it
+    is filed by, at C speed even for tens of thousands (the policy stays stdlib-only).
+    """
+
+    def __init__(self) -> None:
+        self.deadlines: dict[tuple[float, bool], list[tuple[float, float, str]]] = {}
+        self.by_outputs: list[tuple[float, float, str]] = []
+        self.by_since: list[tuple[float, float, str]] = []
+
+    def filing(self, view: ReqView) -> Hashable:
+        return (view.weight, view.arrival, view.last_token, view.ttft_slo, view.tbt_slo, view.outputs_left,
+                lost(view) if view.last_token is not None else None)
+
+    @staticmethod
+    def _deadline(view: ReqView) -> tuple[tuple[float, bool], float] | None:
+        if view.last_token is None:
+            return (view.weight, False), view.arrival + view.ttft_slo
+        if lost(view):
+            return None
+        return (view.weight, True), view.last_token + view.tbt_slo
+
+    def fill(self, views: list[ReqView]) -> None:
+        for view in views:
+            rid, arrival = view.rid, view.arrival
+            filed = self._deadline(view)
+            if filed is not None:
+                group, deadline = filed
+                self.deadlines.setdefault(group, []).append((deadline, arrival, rid))
+            if filed is None or view.last_token is None:
+                self.by_since.append((arrival if view.last_token is None else view.last_token, arrival, rid))
+            self.by_outputs.append((-float(view.outputs_left), arrival, rid))
+        for rows in (*self.deadlines.values(), self.by_since, self.by_outputs):
+            rows.sort()
+
+    def add(self, view: ReqView) -> None:
+        rid, arrival = view.rid, view.arrival
+        filed = self._deadline(view)
+        if filed is not None:
+            group, deadline = filed
+            bisect.insort(self.deadlines.setdefault(group, []), (deadline, arrival, rid))
+        if filed is None or view.last_token is None:
+            bisect.insort(self.by_since, (arrival if view.last_token is None else view.last_token, arrival, rid))
+        bisect.insort(self.by_outputs, (-float(view.outputs_left), arrival, rid))
+
+    def remove(self, view: ReqView) -> None:
+        rid, arrival = view.rid, view.arrival
+        filed = self._deadline(view)
+        if filed is not None:
+            group, deadline = filed
+            _unfile(self.deadlines[group], (deadline, arrival, rid))
+        if filed is None or view.last_token is None:
+            _unfile(self.by_since, (arrival if view.last_token is None else view.last_token, arrival, rid))
+        _unfile(self.by_outputs, (-float(view.outputs_left), arrival, rid))
+
+
+def _unfile(rows: list[tuple[float, float, str]], row: tuple[float, float, str]) -> None:
+    i = bisect.bisect_left(rows, row)
+    assert i < len(rows) and rows[i] == row, row
+    del rows[i]

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from superinfer_sgl.rotasched.policy import BEST_EFFORT, PAPER, PROMOTED, VIABLE, LvfPolicy
+from superinfer_sgl.rotasched.pending import StepQueue
+from superinfer_sgl.rotasched.policy import BEST_EFFORT, PAPER, PROMOTED, VIABLE, LvfPolicy, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
-# Scan order as sortable rows: (tier, key, arrival, rid, view, hot), (tier, key) the policy's rank;
-# rids are unique, so views are never compared. Hot: VLT > 0 (urgent unless its tier says otherwise).
-_Ranked = list[tuple[int, float, float, str, ReqView, bool]]
+# Scan order as sortable rows (policy.Row): (tier, key, arrival, rid, view, hot), (tier, key) the
+# policy's rank; rids are unique, so views are never compared. Hot: VLT > 0 (urgent unless its tier
+# says otherwise).
+_Ranked = list[Row]
 
 # Enum member lookups through the class cost ~0.1 us each; these run per view per iteration.
 _WAITING, _RUNNING, _ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
@@ -53,7 +55,7 @@ class Decision:
 
 
 def lvf_decide(
-    views: Sequence[ReqView],
+    views: Sequence[ReqView] | StepQueue,
     free_blocks: int,
     budget_blocks: int,
     now: float,
@@ -66,13 +68,15 @@ def lvf_decide(
     blocks <= budget_blocks and rotated-out blocks <= budget_blocks (each direction);
     nobody with VLT < 0 moves in; nobody is rotated out unless an urgent request (VLT > 0 and
     not best-effort, or promoted) moves in.
+
+    `views`: a flat list, or a `StepQueue` (the server's, whose pending index is kept between
+    steps: the step then reads only what the scans reach).
     """
     assert free_blocks >= 0 and budget_blocks >= 0, (free_blocks, budget_blocks)
-    assert len({v.rid for v in views}) == len(views), "duplicate rid in views"
-    pending = [v for v in views if v.state is not _RUNNING]
-    if sum([v.blocks_needed for v in pending]) <= free_blocks:  # a list sums faster than a genexpr
-        return _fcfs(pending, budget_blocks)
-    return _contended(views, pending, free_blocks, budget_blocks, now, params, policy)
+    queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
+    if queue.pending.blocks_needed <= free_blocks:
+        return _fcfs(list(queue.pending), budget_blocks)
+    return _contended(queue, free_blocks, budget_blocks, now, params, policy)
 
 
 def rank_order(views: Sequence[ReqView], now: float, params: VltParams,
@@ -82,7 +86,7 @@ def rank_order(views: Sequence[ReqView], now: float, params: VltParams,
     return [row[4] for row in _ranked(views, now, params, policy)]
 
 
-def idle_resume(decision: Decision, views: Sequence[ReqView], now: float, params: VltParams,
+def idle_resume(decision: Decision, views: Sequence[ReqView] | StepQueue, now: float, params: VltParams,
                 policy: LvfPolicy = PAPER) -> Decision:
     """The executor's fallback when nothing runs and LVF moves nobody: resume the rotary request
     LVF ranks first anyway. LVF counts in whole blocks (needs rounded up, free memory rounded
@@ -90,9 +94,10 @@ def idle_resume(decision: Decision, views: Sequence[ReqView], now: float, params
     memory, or just over the budget, would otherwise never come back once the server is idle.
     The executor allocates its slots token-exactly and leaves it rotary if they cannot be had.
     """
-    if not decision.is_noop or any(v.state is _RUNNING for v in views):
+    queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
+    if not decision.is_noop or queue.running:
         return decision
-    rotary = [v for v in views if v.state is _ROTARY]
+    rotary = [v for v in queue.pending if v.state is _ROTARY]
     if not rotary:
         return decision
     top = rank_order(rotary, now, params, policy)[0]
@@ -113,22 +118,25 @@ def _fcfs(pending: list[ReqView], budget: int) -> Decision:
 
 
 def _contended(
-    views: Sequence[ReqView],
-    waiting_rotary: list[ReqView],
+    queue: StepQueue,
     free: int,
     budget: int,
     now: float,
     params: VltParams,
     policy: LvfPolicy,
 ) -> Decision:
-    """Steps 2-5: head scan by rank, rotate out from the tail, shrink if the tail falls short."""
-    pending = _LazyOrder(_rows(waiting_rotary, now, params, policy))
-    victims = _victims(views, now, params, policy)
+    """Steps 2-5: head scan by rank, rotate out from the tail, shrink if the tail falls short.
+    Victims are ranked only when the head scan wants more than is free."""
+    rows = policy.head_rows(queue.pending, now, params)
+    if rows is None:
+        heap = _rows(list(queue.pending), now, params, policy)
+        heapq.heapify(heap)
+        rows = _pop_all(heap)
     # Memory an urgent request could ever get: what is free plus what running requests hold.
-    wall = free + sum([v.blocks_held for v in views if v.state is _RUNNING])
-    scan = _HeadScan(pending, free, budget, wall, now, policy)
+    scan = _HeadScan(_LazyOrder(rows), free, budget, free + queue.held_floor,
+                     lambda: free + sum([v.blocks_held for v in queue.fresh_running()]), now, policy)
     chosen, used, blocked = scan.run(free + budget)
-    out = _tail_scan(victims, used - free, budget)
+    out = _tail_scan(_victims(queue, now, params, policy), used - free, budget) if used > free else []
     freed = sum(v.blocks_held for v in out)
     if used > free + freed:
         # The tail could not free enough: rescan against what it did free. The rescan
@@ -159,36 +167,44 @@ def _rows(waiting_rotary: Sequence[ReqView], now: float, params: VltParams, poli
     return [(tier, key, v.arrival, v.rid, v, lag > 0) for tier, key, v, lag in zip(tiers, keys, waiting_rotary, lags)]
 
 
+def _pop_all(heap: _Ranked) -> Iterator[Row]:
+    while heap:
+        yield heapq.heappop(heap)
+
+
 class _LazyOrder:
-    """`_ranked`'s order, sorted only as far as the head scans read it: a heap, popped into a list
-    the second scan reads again. The scan mostly stops early (at the first urgent request that
-    does not fit), so a full sort per iteration would order thousands of rows nobody reads. Rows
-    are unique by rid, so the heap's order is the sort's."""
+    """`_ranked`'s order, produced only as far as the head scans read it, kept in a list the
+    second scan reads again: the policy's lazy order (`head_rows`), or a heap of every pending
+    row popped one by one. The scan mostly stops early (at the first urgent request that does not
+    fit), so a full sort per iteration would order thousands of rows nobody reads. Rows are unique
+    by rid, so the heap's order is the sort's."""
 
-    def __init__(self, rows: _Ranked) -> None:
-        heapq.heapify(rows)
-        self.heap, self.done = rows, []
+    def __init__(self, rows: Iterator[Row]) -> None:
+        self.rows, self.done = rows, []
 
-    def __iter__(self) -> Iterator[tuple[int, float, float, str, ReqView, bool]]:
-        done, heap, pop = self.done, self.heap, heapq.heappop
+    def __iter__(self) -> Iterator[Row]:
+        done, rows = self.done, self.rows
         i = 0
         while True:
             if i == len(done):
-                if not heap:
+                row = next(rows, None)
+                if row is None:
                     return
-                done.append(pop(heap))
+                done.append(row)
             yield done[i]
             i += 1
 
 
-def _victims(views: Sequence[ReqView], now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
+def _victims(queue: StepQueue, now: float, params: VltParams, policy: LvfPolicy) -> list[ReqView]:
     """Step 4's candidates, tail first: rotatable running requests with VLT < 0 that the policy
-    lets go (the paper's: the longest stint first)."""
-    movable = [v for v in views if v.state is _RUNNING and v.rotatable and v.blocks_held > 0]
+    lets go (the paper's: the longest stint first). Only the policy's candidates are read fresh
+    (`StepQueue.movable`)."""
+    running = queue.running
+    movable = queue.movable(policy.victim_candidates(running))
     if not movable:  # (every policy picks victims among these only)
         return []
     stints = vlts(movable, now, params)  # -stint length for running requests
-    return policy.victims(views, movable, stints)
+    return policy.victims(running, movable, stints)
 
 
 class _HeadScan:
@@ -209,15 +225,25 @@ class _HeadScan:
     does not fit stops the scan, as an urgent one does (but it never displaces anyone).
     """
 
-    def __init__(self, pending: _LazyOrder, free: int, budget: int, wall: int, now: float,
-                 policy: LvfPolicy) -> None:
-        self.pending, self.free, self.budget, self.wall = pending, free, budget, wall
+    def __init__(self, pending: _LazyOrder, free: int, budget: int, wall_floor: int, wall: Callable[[], int],
+                 now: float, policy: LvfPolicy) -> None:
+        self.pending, self.free, self.budget, self._wall = pending, free, budget, wall
         self.now, self.policy = now, policy
+        self._wall_floor, self._wall_blocks = wall_floor, None
+
+    def within_wall(self, need: int) -> bool:
+        """need <= the wall; the wall is summed only where its floor does not settle it (only an
+        urgent request that does not fit asks)."""
+        if need <= self._wall_floor:
+            return True
+        if self._wall_blocks is None:
+            self._wall_blocks = self._wall()
+        return need <= self._wall_blocks
 
     def run(self, cap: int) -> tuple[list[ReqView], int, str | None]:
         """Returns (chosen, blocks used, blocked rid)."""
         chosen: list[ReqView] = []
-        free, budget, wall, now = self.free, self.budget, self.wall, self.now
+        free, budget, now = self.free, self.budget, self.now
         defers, queues_best_effort = self.policy.defers, self.policy.queues_best_effort
         used = inbound = 0
         ahead = 0  # prompt tokens of the prefills chosen so far
@@ -231,7 +257,7 @@ class _HeadScan:
             need = view.blocks_needed
             if need > (cap - used if urgent else max(0, free - used)):
                 queued = urgent or (queues_best_effort and tier == BEST_EFFORT)
-                if queued and need <= wall and not (view.state is _ROTARY and need > budget):
+                if queued and self.within_wall(need) and not (view.state is _ROTARY and need > budget):
                     return chosen, used, view.rid
                 continue
             if view.state is _ROTARY:

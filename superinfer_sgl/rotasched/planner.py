@@ -9,11 +9,13 @@ else. The policy is chosen by name (--policy) from `POLICIES`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from superinfer_sgl.registry import Registry
 from superinfer_sgl.rotasched.goodput import GoodputLvf
 from superinfer_sgl.rotasched.lvf import Decision, idle_resume, lvf_decide
+from superinfer_sgl.rotasched.pending import StepQueue
 from superinfer_sgl.rotasched.policy import LvfPolicy, PaperLvf, PolicyClass
 from superinfer_sgl.rotasched.request_view import ReqView
 from superinfer_sgl.rotasched.vlt import VltParams
@@ -57,23 +59,22 @@ def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> flo
     return POLICIES[policy].quantum_s(rotation_s)
 
 
-def plan_step(views: Sequence[ReqView], free_blocks: int, budget_blocks: int, now: float,
+def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blocks: int, now: float,
               params: VltParams, policy: LvfPolicy, chunked_active: bool) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
     policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
-    known)."""
-    listed = list(views)
-    cap = policy.prefill_cap(listed)
+    known). `views`: a flat list, or the server's `StepQueue` (its pending index kept between
+    steps)."""
+    queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
+    cap = policy.prefill_cap(queue.running)
     if cap is not None:
         policy = policy.capped(cap)
-    decision = lvf_decide(views, free_blocks, budget_blocks, now, params, policy)
+    decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy)
     if not chunked_active:
-        decision = idle_resume(decision, views, now, params, policy)
-    admitted: list[ReqView] = []
-    if decision.admit:
-        by_rid = {v.rid: v for v in listed}
-        admitted = [by_rid[rid] for rid in decision.admit]
-    cap = policy.step_cap(listed, admitted, now, cap)
+        decision = idle_resume(decision, queue, now, params, policy)
+    pending = queue.pending.views
+    admitted: list[ReqView] = [pending[rid] for rid in decision.admit]
+    cap = policy.step_cap(queue.running, admitted, now, cap)
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
     return decision
@@ -90,7 +91,7 @@ def chunk_tokens(configured: int | None, decision: Decision, mixed_rows: int = 0
     return min(configured, decision.prefill_cap + max(0, mixed_rows))
 
 
-def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: Decision) -> list[str]:
+def admission_order(waiting: Iterable[str], restored: Sequence[str], decision: Decision) -> list[str]:
     """The waiting queue as the PrefillAdder sees it: restored requests (resumed earlier or now,
     their KV back in the radix tree) first, then LVF's admissions in LVF's order (a rid in both
     keeps its later place), then every other waiting request in queue order: LVF counts in whole
@@ -100,7 +101,7 @@ def admission_order(waiting: Sequence[str], restored: Sequence[str], decision: D
     take the memory it waits for. `waiting` is the queue (restored rids may already be in it)."""
     first = [*restored, *decision.admit]
     rank = {rid: i for i, rid in enumerate(first)}  # a rid listed twice keeps its later place
-    queued = set(waiting)
+    queued = waiting if isinstance(waiting, AbstractSet) else set(waiting)  # (the server's: dict keys)
     ranked = sorted((rid for rid in rank if rid in queued or rid in restored), key=rank.__getitem__)
     blocked = decision.blocked
     if blocked is not None:  # (rids are unique: the queue's rest is the blocked one, or nobody)

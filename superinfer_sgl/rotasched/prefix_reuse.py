@@ -19,6 +19,9 @@ Everything is O(1) per hit and per score (a few dozen float operations); the cal
 strategy in integration/prefix_cache.py) scores only the tree's evictable leaves, when SGLang
 evicts. `EvictionRanker` adds the bounded pin set: the highest-scoring leaves, as long as their
 prefixes fit a share of the device pool, are evicted only after every unpinned leaf.
+
+The host tier's bookkeeping (which evicted nodes are demoted to host instead of dropped) is
+rotasched/prefix_host_store.py, on top of this predictor.
 """
 
 from __future__ import annotations
@@ -194,6 +197,11 @@ class ReusePredictor:
 
     # ---- prediction ---------------------------------------------------------------------------
 
+    def peek(self, st: NodeStats, now: float) -> float:
+        """P(hit within the horizon) of a history record, without learning or creating anything
+        (the host tier scores its entries' histories this way)."""
+        return self._prob(self.features(st, now))
+
     def score(self, node: Hashable, now: float) -> float:
         """P(hit within the horizon). Resolves an expired pending sample as a miss first."""
         st = self.stats(node, now)
@@ -264,3 +272,4 @@ class EvictionRanker:
             score = self.predictor.score(node, self._now if now is None else now)
             self._scores[node] = score
         return (int(node in self.pinned), score, last_access)
+

@@ -21,8 +21,12 @@ _WAITING, _RUNNING, _ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTAR
 
 
 def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """SGLang's decode reserve of one request: its remaining outputs, clipped, times the ratio."""
-    return min(max(outputs_left, 0), clip) * new_token_ratio
+    """SGLang's decode reserve of one request: its remaining outputs, clipped, times the ratio
+    (min(max(outputs_left, 0), clip) * ratio, without builtin calls: every running request's,
+    every step)."""
+    if outputs_left <= 0:
+        return 0.0
+    return (outputs_left if outputs_left < clip else clip) * new_token_ratio
 
 
 def running_reserve_ratio(ignore_eos: bool, sglang_ratio: float, fixed_length: float) -> float:
@@ -57,7 +61,8 @@ def rotary_need(host_tokens: int, outputs_left: int, new_token_ratio: float,
 
 
 def blocks(tokens: float, block_tokens: int) -> int:
-    return max(0, math.ceil(tokens / block_tokens))
+    n = math.ceil(tokens / block_tokens)
+    return n if n > 0 else 0
 
 
 def free_blocks(free_tokens: float, reserved_tokens: float, block_tokens: int) -> int:

@@ -139,3 +139,28 @@ def test_meta_info_before_any_token() -> None:
     assert info["superinfer_slo_class"] is None
     assert info["superinfer_ttft_slo_met"] is None and info["superinfer_tbt_slo_met"] is None
     assert info["superinfer_tbt_gaps_met_share"] is None
+
+
+def test_server_clocks_of_a_kept_batch_follow_drops_and_finishes() -> None:
+    """integration.clocks.Clocks.observe reuses the last step's clocks while the running batch is
+    the same objects; a dropped (aborted) or finished clock must not be written to afterwards."""
+    from fakes import FakeReq, sampling
+    from superinfer_sgl.config import SuperInferConfig
+    from superinfer_sgl.integration.clocks import Clocks, step_prior
+
+    clocks = Clocks(SuperInferConfig(), step_prior(True))
+    a, b = (FakeReq(rid, [1, 2], [], sampling_params=sampling(8)) for rid in ("a", "b"))
+    batch = [a, b]
+    clocks.observe(batch, [], 1.0)
+    first = clocks.by_rid["a"]
+    a.output_ids.append(5)
+    clocks.observe(batch, [], 1.1)  # the same batch: the clocks found last time
+    assert clocks.by_rid["a"] is first and first.outputs_seen == 1
+    clocks.drop(lambda rid: rid == "a")  # an abort: a's clock goes
+    a.output_ids.append(6)
+    clocks.observe(batch, [], 1.2)  # the same objects, but a's clock is a new one
+    assert clocks.by_rid["a"] is not first and first.outputs_seen == 1
+    assert clocks.by_rid["a"].outputs_seen == 2
+    done = clocks.finish(b, 1.3)
+    clocks.observe(batch, [], 1.4)
+    assert done is not None and clocks.by_rid["b"] is not done

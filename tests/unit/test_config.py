@@ -193,6 +193,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
         "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms", "--prefix-cache",
+        "--prefix-host-tokens",
         "--decode-shortage",
     }
 
@@ -268,3 +269,20 @@ def test_predictive_prefix_cache_refuses_sglangs_eviction_flags() -> None:
         check_prefix_cache(predictive, "lfu", False)
     with pytest.raises(ConfigError, match="--disable-radix-cache"):
         check_prefix_cache(predictive, None, True)
+
+
+def test_prefix_host_tokens_auto_off_or_a_count_only_with_the_predictive_cache() -> None:
+    from superinfer_sgl.config import check_prefix_host
+
+    assert SuperInferConfig().prefix_host_tokens is None  # auto
+    ns = _parser().parse_args(["--prefix-cache", "predictive", "--prefix-host-tokens", "4096"])
+    cfg = from_namespace(ns)
+    assert cfg.prefix_host_tokens == 4096
+    check_prefix_host(cfg)
+    assert from_namespace(_parser().parse_args(["--prefix-host-tokens", "auto"])).prefix_host_tokens is None
+    check_prefix_host(SuperInferConfig(prefix_host_tokens=0))  # off, with any cache
+    check_prefix_host(SuperInferConfig())  # auto with the default radix cache: nothing to size
+    with pytest.raises(ConfigError, match="prefix-host-tokens must be >= 0"):
+        SuperInferConfig(prefix_cache="predictive", prefix_host_tokens=-1)
+    with pytest.raises(ConfigError, match="host tier of --prefix-cache predictive"):
+        check_prefix_host(SuperInferConfig(prefix_host_tokens=100))

@@ -188,7 +188,7 @@ class Server:
         req.kv.holds_kv, req.kv.kv_allocated_len = False, 0
 
     def observe(self, t: float) -> None:
-        self.rt.clocks.observe(list(self.batch.reqs), self.rt.sched.waiting_queue, t)
+        self.rt.clocks.observe(list(self.batch.reqs), self.rt.step_views.watch.look(self.rt.sched.waiting_queue), t)
 
     def arrive(self, reqs: list[Req], t: float) -> None:
         for r in reqs:
@@ -413,8 +413,9 @@ class Recorder:
 
         def record(side: str) -> Any:
             def plan_step(*args: Any) -> Any:
+                views = list(args[0])  # as the step sees them (the server's queue refreshes lazily)
                 d = real(*args)
-                self.calls[side].append((args, d))
+                self.calls[side].append(((views, *args[1:]), d))
                 return d
             return plan_step
 

@@ -433,8 +433,7 @@ def test_min_stint_keeps_young_running_requests_out_of_lvf_victims(monkeypatch: 
     h.rt.clocks.observe([req], h.rt.sched.waiting_queue, 100.0)  # its stint starts now
     rotatable = {}
     for now in (100.5, 104.9, 105.0, 130.0):
-        views, _ = h.rt._views(h.batch, [req], now)
-        rotatable[now] = views[0].rotatable
+        rotatable[now] = h.rt._views([req], now).fresh_running()[0].rotatable
     if stint_ms:
         assert rotatable == {100.5: False, 104.9: False, 105.0: True, 130.0: True}
     else:
@@ -451,7 +450,7 @@ def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypat
     waiting = [Req(f"w{i}", [1, 2, 3], [], SimpleNamespace(holds_kv=False), sampling(max_new_tokens=0))
                for i in range(4)]
     h.sched.waiting_queue = list(waiting)
-    h.rt.clocks.observe([], h.rt.sched.waiting_queue, 100.0)  # their clocks
+    h.rt.clocks.observe([], h.rt.step_views.watch.look(h.rt.sched.waiting_queue), 100.0)  # as around_prefill
     h.decisions.append(Decision(admit=("w3",), contention=True, blocked=blocked))
     queue = h.rt._step(h.batch, [], 100.0)
     want = ["w3", "w2"] if blocked else ["w3", "w0", "w1", "w2"]

@@ -1,4 +1,5 @@
-"""The runtime's incremental step (views rebuilt only for requests whose inputs changed, the running
+"""The runtime's incremental step (views rebuilt only for requests whose inputs changed, waiting
+requests looked at when they enter the queue, the pending index kept between steps, the running
 reserve summed once, the admission order in one pass) decides exactly what building everything
 afresh decides, over random step sequences: arrivals, admissions, decode steps, rotations out and
 back, finishes, the clock and SGLang's new-token ratio moving."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 from types import SimpleNamespace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fakes import FakeReq, sampling
@@ -19,9 +20,11 @@ from superinfer_sgl.integration.views import StepViews
 from superinfer_sgl.rotasched import Decision, ReqState, planner
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 
-OPS = ("arrive", "admit", "decode", "rotate", "resume", "finish", "wait", "ratio")
+OPS = ("arrive", "admit", "decode", "rotate", "resume", "finish", "wait", "ratio", "abort")
 # fields a kept running view may hold from its build (what the policy reads of them is checked)
 RUNNING_CACHED = {"last_token", "misses_left", "ttft_met", "outputs_left"}
+# fields a running view holds from its build until LVF asks for fresh ones (StepQueue.fresh_running)
+LAZY = frozenset({"blocks_held", "rotatable"})
 # goodput's costs, with and without the one-step late token stream (deadline_budget reads running
 # requests still waiting for their first token then)
 COSTS = (GoodputParams(StepCosts(2e-4, 0.002, 0.03, 0.001, 0.1)),
@@ -85,35 +88,51 @@ class World:
             rt.on_finished(req)
         elif op == "wait":
             self.now += (x % 7) * 0.07
+        elif op == "abort" and sched.waiting_queue:
+            req = pick(sched.waiting_queue)  # SGLang's abort: our hook first, then out of its queue
+            rt.before_abort(SimpleNamespace(rid=req.rid, abort_all=False))
+            sched.waiting_queue.remove(req)
         elif op == "ratio":
             sched.new_token_ratio_tracker.current = max(0.1, sched.new_token_ratio_tracker.current - 0.05)
 
     def check_step(self) -> None:
         rt = self.rt
         self.now += 0.01
-        rt.clocks.observe(self.running, rt.sched.waiting_queue, self.now)
+        rt.clocks.observe(self.running, rt.step_views.watch.look(rt.sched.waiting_queue), self.now)  # as the runtime
         young = self.now - rt.clocks.min_stint_s
         args = (rt.sched, self.running, rt.clocks.by_rid, rt.store.resume_locks, rt.store.entries, young)
         got, reserved = rt.step_views.build(*args)
-        want, want_reserved = StepViews(rt.rules, True, reuse=False).build(*args)
+        want, want_reserved = StepViews(rt.rules, reuse=False).build(*args)
         assert reserved == want_reserved  # bit for bit: the same sum in the same order
-        assert [v.rid for v in got] == [v.rid for v in want]
+        assert [v.rid for v in got.running] == [v.rid for v in want.running]
+        assert got.pending.blocks_needed == want.pending.blocks_needed
         goodput = rt.cfg.policy == "goodput"
-        for a, b in zip(got, want):
-            for f in fields(a):
-                if a.state is ReqState.RUNNING and f.name in RUNNING_CACHED:
-                    if goodput and f.name in ("misses_left", "ttft_met"):  # goodput reads these
-                        assert getattr(a, f.name) == getattr(b, f.name), (a.rid, f.name)
-                    if f.name == "last_token":
-                        assert (a.last_token is None) == (b.last_token is None), a.rid
-                    continue
-                assert getattr(a, f.name) == getattr(b, f.name), (a.rid, f.name)
+        by_rid = {v.rid: v for v in want}
+        # the running views as kept (before LVF asks for fresh ones), then fresh
+        for views, lazy in ((got.running, LAZY), (list(got), frozenset())):
+            assert sorted(v.rid for v in views if v.state is ReqState.RUNNING) == sorted(
+                v.rid for v in want.running)
+            for a in views:
+                self._compare(a, by_rid[a.rid], goodput, lazy)
+        assert sorted(v.rid for v in got) == sorted(by_rid)
         budget = 1 + len(self.running) % 9
         for costs in COSTS:
             policy = rt.policy_class.for_step(lambda: costs)
             for free in (0, 7, 60):
-                d = planner.plan_step(got, free, budget, self.now, rt.params, policy, False)
+                kept, _ = rt.step_views.build(*args)  # a fresh queue whose running views are as kept
+                d = planner.plan_step(kept, free, budget, self.now, rt.params, policy, False)
                 assert d == planner.plan_step(want, free, budget, self.now, rt.params, policy, False)
+
+    @staticmethod
+    def _compare(a: object, b: object, goodput: bool, lazy: frozenset[str]) -> None:
+        for f in fields(a):
+            if a.state is ReqState.RUNNING and f.name in RUNNING_CACHED | lazy:
+                if goodput and f.name in ("misses_left", "ttft_met"):  # goodput reads these
+                    assert getattr(a, f.name) == getattr(b, f.name), (a.rid, f.name)
+                if f.name == "last_token":
+                    assert (a.last_token is None) == (b.last_token is None), a.rid
+                continue
+            assert getattr(a, f.name) == getattr(b, f.name), (a.rid, f.name)
 
 
 _steps = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_size=1, max_size=60)
@@ -121,6 +140,10 @@ _steps = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_siz
 
 @settings(max_examples=60, deadline=None)
 @given(_steps, st.sampled_from(["goodput", "paper"]))
+# a missed gap changes a running view kept between steps (ReqClock.version)
+@example([("arrive", 0), ("admit", 0), ("decode", 0), ("wait", 6), ("decode", 0)], "goodput")
+# an abort drops clocks: what is still queued is looked at again, what left is forgotten
+@example([("arrive", 0), ("arrive", 1), ("arrive", 2), ("abort", 1), ("arrive", 3), ("admit", 0)], "goodput")
 def test_incremental_views_decide_as_fresh_ones(steps: list[tuple[str, int]], policy: str) -> None:
     world = World(policy)
     for op, x in steps:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
+from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
 from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, plan_step, quantum_s
 from superinfer_sgl.rotasched.views import (
     CLIP_MAX_NEW_TOKENS,
@@ -46,13 +47,14 @@ class RotaSched(Policy):
         self._meter: CostMeter | None = None  # SimConfig.measured_costs
         self._fed: tuple[float, int, int] | None = None  # the last step the meter was fed
         self._rules: ViewRules | None = None  # the run's (block size, running share)
+        self._pending = PendingIndex()  # waiting and rotary views, kept between steps
 
     def plan(self, sim: SimState) -> Plan:
         cfg, now = sim.config, sim.now
         views = self._views(sim)
         free = free_blocks(sim.free_tokens, self._running_reserve(sim), cfg.block_tokens)
         policy = self.policy_class.for_step(lambda: self._goodput(sim))
-        d = plan_step(views, free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None)
+        d = plan_step(self._queue(views), free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
@@ -165,6 +167,18 @@ class RotaSched(Policy):
             for r in sim.rotary.values():
                 add(_rotary_view(rules, r, ratio))
         return views
+
+    def _queue(self, views: list[ReqView]) -> StepQueue:
+        """The step's queue, its pending index kept between steps as the server keeps it (a view
+        the engine did not rebuild is the same object: filed once)."""
+        pending = self._pending
+        running = [v for v in views if v.state is _RUNNING]
+        now_pending = {v.rid: v for v in views if v.state is not _RUNNING}
+        for rid in [rid for rid in pending.views if rid not in now_pending]:
+            pending.drop(rid)
+        for v in now_pending.values():
+            pending.put(v)
+        return StepQueue(running, pending)
 
     def _short_outputs(self, sim: SimState) -> bool:
         if self._short is None:
