@@ -43,6 +43,10 @@ KV_TRANSFERS = ("auto", "triton-dma", "triton-dma-serial", "triton-direct", "tri
 # Prefix cache: radix = SGLang's radix cache with its --radix-eviction-policy; predictive = the
 # same tree evicting by predicted reuse with a bounded pin set (docs/prefix_cache.md).
 PREFIX_CACHES = ("radix", "predictive")
+# A running batch short of decode memory (SGLang's check_decode_mem): rotate = rotate requests out to
+# host (KV kept) and let SGLang retract only what rotation cannot take (integration/decode_shortage.py);
+# retract = SGLang's own retract-and-recompute (the behaviour before; for A/Bs).
+DECODE_SHORTAGES = ("rotate", "retract")
 ROTARY_KV_DTYPE_HELP = (
     "dtype of rotated-out KV in host memory. auto (default): the device KV dtype, copied bit-exactly; "
     "fp8_e4m3: quantized per block and KV head on the way out, dequantized on the way back: half the "
@@ -106,6 +110,9 @@ class SuperInferConfig:
     # With --prefix-cache predictive: host tokens for demoted prefixes (integration/prefix_host.py);
     # 0: off; None (auto): as many tokens as the device KV pool, within an eighth of the free RAM.
     prefix_host_tokens: int | None = None
+    # What answers a decode memory shortage of the running batch (DECODE_SHORTAGES); rotation off
+    # (no engine): SGLang's retraction whatever this says.
+    decode_shortage: str = "rotate"
     # Directory where scheduler ranks confirm that our hooks are live (set by the launcher).
     handshake_dir: str | None = None
     # Test and debug knobs (no flags; set from TEST_KNOB_ENV by the launcher, like SGLang's
@@ -126,6 +133,8 @@ class SuperInferConfig:
             raise ConfigError(f"--kv-transfer must be one of {KV_TRANSFERS}, got {self.kv_transfer!r}")
         if self.prefix_cache not in PREFIX_CACHES:
             raise ConfigError(f"--prefix-cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
+        if self.decode_shortage not in DECODE_SHORTAGES:
+            raise ConfigError(f"--decode-shortage must be one of {DECODE_SHORTAGES}, got {self.decode_shortage!r}")
         for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
@@ -308,6 +317,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "later match copies back, bytes identical (0: off; auto, the default: as many tokens "
                         "as the device KV pool, within 1/8 of the free RAM; one rank and an MHA pool only, "
                         "docs/prefix_cache.md)")
+    g.add_argument("--decode-shortage", choices=DECODE_SHORTAGES, default=d.decode_shortage,
+                   help="when the running batch is short of KV memory for its next decode step: rotate "
+                        "(default) moves requests' KV to host memory (kept, resumed later) and leaves "
+                        "SGLang's retract-and-recompute only what rotation cannot take (host pool full, "
+                        "a request not rotatable); retract: SGLang's retraction alone")
 
 
 def knobs_from_env(environ: dict[str, str] | None = None) -> dict[str, int | bool]:

@@ -201,6 +201,8 @@ COUNTERS = (
     ("resumes", "superinfer_resumes_total"),
     ("recompute_fallbacks", "superinfer_recompute_fallbacks_total"),
     ("retractions", "sglang:num_retracted_requests_total"),
+    # decode memory shortages answered by rotation (integration/decode_shortage.py)
+    ("shortage_rotations", "superinfer_decode_shortage_rotations_total"),
     # rotation copy time (integration/copy_metrics.py): CUDA events on a GPU, wall clock on a CPU
     ("copy_out_s", "superinfer_kv_copy_out_seconds_total"),
     ("copy_in_s", "superinfer_kv_copy_in_seconds_total"),

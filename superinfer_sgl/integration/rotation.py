@@ -42,6 +42,7 @@ class RotationStats:
     resumes: int = 0
     recompute_fallbacks: int = 0
     sglang_retractions: int = 0
+    shortages: dict[str, int] = field(default_factory=dict)  # decode_shortage.py: rotated, by answer
     forced_rotations: int = 0
     aborted_rotary: int = 0
     kv_verified: int = 0

@@ -287,3 +287,11 @@ class RotaSchedRuntime:
     def forget_kv(self, reqs: list[Any]) -> None:
         """SGLang retracted these requests to recompute them: their mirrors would be stale."""
         self.store.forget_kv(reqs)
+
+    def retract_decode(self, original: Callable[[Any], Any], batch: Any) -> Any:
+        """SGLang's `ScheduleBatch.retract_decode(batch)` (a decode memory shortage): requests
+        rotated out to host first, SGLang's retraction for what rotation cannot take
+        (decode_shortage.py; `--decode-shortage`)."""
+        from . import decode_shortage
+
+        return decode_shortage.answer(self, original, batch)

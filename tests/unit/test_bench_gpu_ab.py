@@ -40,6 +40,14 @@ def test_superinfer_paper_is_our_server_with_the_paper_policy_last(tmp_path: Pat
                                                                       ("sglang", "superinfer-paper")]
 
 
+def test_superinfer_retract_pairs_against_our_default_server(tmp_path: Path, model_dir: Path) -> None:
+    """The recompute-tax A/B: ours with --decode-shortage retract (A) beside ours as shipped (B)."""
+    plan, _ = _plan(tmp_path, "--systems", "superinfer-retract,superinfer")
+    by = {s.name: s for s in plan.systems}
+    assert list(by["superinfer-retract"].flags) == [*by["superinfer"].flags, "--decode-shortage", "retract"]
+    assert [(a.name, b.name) for a, b in pairs_for(plan.systems)] == [("superinfer-retract", "superinfer")]
+
+
 def test_ready_timeout_and_rate_multipliers_reach_the_profile(tmp_path: Path, model_dir: Path) -> None:
     plan, _ = _plan(tmp_path, "--ready-timeout", "200", "--rate-multipliers", "1,1.5", "--budget-min", "3")
     assert plan.profile.ready_timeout_s == 200.0

@@ -88,7 +88,7 @@ def test_prometheus_parsing_and_deltas() -> None:
     assert after["sglang:num_retracted_requests_total"] == 5.0
     d = counter_deltas(before, after)
     assert d == {"rotations": 7.0, "resumes": 6.0, "recompute_fallbacks": 0.0, "retractions": 4.0,
-                 "copy_out_s": 0.0, "copy_in_s": 0.0, "copy_overlap_s": 0.0}
+                 "shortage_rotations": 0.0, "copy_out_s": 0.0, "copy_in_s": 0.0, "copy_overlap_s": 0.0}
     # copy time per direction (integration/copy_metrics.py) is differenced like the counts
     later = parse_prometheus('superinfer_rotations_out_total 12.0\nsuperinfer_kv_copy_out_seconds_total 0.5\n'
                              'superinfer_kv_copy_in_seconds_total 0.25\nsuperinfer_kv_copy_overlap_seconds_total 0.125\n')
@@ -97,8 +97,8 @@ def test_prometheus_parsing_and_deltas() -> None:
     # stock SGLang before its first retraction: no superinfer_ family, no retraction series yet
     stock = parse_prometheus('sglang:num_running_reqs{model_name="m"} 0\n')
     assert counter_deltas(stock, stock) == {"rotations": None, "resumes": None, "recompute_fallbacks": None,
-                                            "retractions": 0.0, "copy_out_s": None, "copy_in_s": None,
-                                            "copy_overlap_s": None}
+                                            "retractions": 0.0, "shortage_rotations": None, "copy_out_s": None,
+                                            "copy_in_s": None, "copy_overlap_s": None}
     assert counter_deltas({}, {})["retractions"] is None  # /metrics unreachable
 
 

@@ -194,6 +194,7 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--no-prefetch",
         "--mixed-resume", "--no-mixed-resume", "--policy", "--max-best-effort-wait-ms", "--prefix-cache",
         "--prefix-host-tokens",
+        "--decode-shortage",
     }
 
 
