@@ -287,7 +287,9 @@ class StepViews:
                                             rules.clip)
             if rules_.blocks(hit.prompt + outputs + reserve, rules.block_tokens) != view.blocks_held or \
                     can != view.rotatable:
-                hit = cache[view.rid] = self._build_running(sched, req, hit.clock, young, sglang_ratio)
+                # in place: the step's kept list (`_hits`) and the cache hold this one object
+                built = self._build_running(sched, req, hit.clock, young, sglang_ratio)
+                hit.version, hit.view, hit.reserve = built.version, built.view, built.reserve
             if not movable or hit.view.blocks_held > 0:
                 out.append(hit.view)
         return out
