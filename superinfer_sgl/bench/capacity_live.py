@@ -42,11 +42,13 @@ from .servers import ServerError, SystemSpec
 from .workloads import poisson_arrivals
 
 N_BOOT = 4000
+EXTEND_BELOW = 4  # grid steps scanned below the grid's lowest rate when it fails (down to ~0.26x)
 
 
 def grid_for(plan: Plan, capacity_rps: float | None) -> CapacityGrid:
     """The search grid: --capacity-grid LO,HI (req/s) if given, else 0.5x..4x the calibrated
-    capacity estimate, else the profile's rate range doubled at the top."""
+    capacity estimate, else the profile's rate range doubled at the top; below LO when LO fails
+    (`EXTEND_BELOW` steps: the estimate comes from the whole machine, a paired server has half)."""
     o = plan.options
     if getattr(o, "capacity_grid", None):
         lo, hi = o.capacity_grid
@@ -55,7 +57,7 @@ def grid_for(plan: Plan, capacity_rps: float | None) -> CapacityGrid:
     else:
         lo, hi = min(plan.profile.rates), 2.0 * max(plan.profile.rates)
     return CapacityGrid(target=0.9, lo=round(lo, 4), hi=round(hi, 4), growth=o.capacity_growth,
-                        resolution=o.capacity_resolution, stop_after=2)
+                        resolution=o.capacity_resolution, stop_after=2, extend_below=EXTEND_BELOW)
 
 
 def point_at(plan: Plan, rate: float, index: int) -> SweepPoint:

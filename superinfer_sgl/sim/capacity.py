@@ -34,11 +34,18 @@ class CapacityGrid:
     growth: float = 1.25
     resolution: float = 0.02
     stop_after: int = 2  # consecutive failing grid rates after which higher rates are not scanned
+    # When `lo` itself fails, rates below it (lo / growth**k, k = 1..extend_below) are scanned
+    # downward until one passes, so that a capacity under a mis-guessed grid (a live server slower
+    # than its calibration said) is found rather than reported as "below".
+    extend_below: int = 0
 
     def __post_init__(self) -> None:
         assert 0.0 < self.target <= 1.0, self.target
         assert 0.0 < self.lo < self.hi and self.growth > 1.0 and 0.0 < self.resolution < 1.0
-        assert self.stop_after >= 1
+        assert self.stop_after >= 1 and self.extend_below >= 0
+
+    def rates_below(self) -> list[float]:
+        return [round(self.lo / self.growth ** k, 6) for k in range(1, self.extend_below + 1)]
 
     def rates(self) -> list[float]:
         n = int(math.floor(math.log(self.hi / self.lo) / math.log(self.growth) + 1e-9))
@@ -81,6 +88,11 @@ def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capac
             fails_in_row = 0 if seen[r] >= grid.target else fails_in_row + 1
         if fails_in_row >= grid.stop_after:
             break
+    below = grid.rates_below()
+    for i in range(0, len(below), batch):
+        if seen[min(seen)] >= grid.target:
+            break
+        run(below[i:i + batch])
     scanned = sorted(seen)
     first_fail = next((r for r in scanned if seen[r] < grid.target), None)
     if first_fail is None:

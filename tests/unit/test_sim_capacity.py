@@ -92,3 +92,22 @@ def test_cli_writes_one_row_per_policy(tmp_path, capsys) -> None:
     assert [r["policy"] for r in rows] == ["sglang", "goodput"]
     assert all("capacity_req_s" in r and r["points"] for r in rows)
     assert "| goodput |" in capsys.readouterr().out
+
+
+@settings(max_examples=40, deadline=None)
+@given(knee=st.floats(0.1, 0.99), batch=st.integers(1, 3))
+def test_a_capacity_under_the_grid_is_found_below_it(knee: float, batch: int) -> None:
+    """The lowest grid rate fails: rates below it are scanned down (`extend_below`) and the
+    crossing bisected as above; without the extension, or past its reach, it stays "below"."""
+    grid = CapacityGrid(lo=1.0, hi=8.0, growth=1.4, resolution=0.05, extend_below=8)
+    measure, calls = _curve(knee)
+    cap = find_capacity(measure, grid, batch=batch)
+    reach = 1.0 / 1.4 ** 8
+    if knee >= reach:
+        assert cap.censored is None
+        lo, hi = cap.bracket
+        assert cap.capacity_req_s == lo <= knee < hi and hi - lo <= 0.05 * lo + 1e-9
+        assert min(calls) >= knee / 1.4 ** batch - 1e-9  # the downward scan stopped at its first pass (batch)
+    else:
+        assert cap.censored == "below"
+    assert find_capacity(_curve(knee)[0], CapacityGrid(lo=1.0, hi=8.0, growth=1.4)).censored == "below"
