@@ -42,6 +42,8 @@ class SimStats:
     resumes: int = 0
     retractions: int = 0
     host_full_fallbacks: int = 0
+    peak_rotary: int = 0  # most requests parked in the host pool at once
+    peak_host_tokens: int = 0
     bytes_out: float = 0.0
     bytes_in: float = 0.0
     eager_bytes: float = 0.0
@@ -224,6 +226,10 @@ class Simulator:
         r.rotations += 1
         self.rotary[r.spec.rid] = r
         self.stats.rotations_out += 1
+        if len(self.rotary) > self.stats.peak_rotary:
+            self.stats.peak_rotary = len(self.rotary)
+        if self.host_used > self.stats.peak_host_tokens:
+            self.stats.peak_host_tokens = self.host_used
 
     def _move_in(self, r: SimReq) -> None:
         if r.phase is not _P_ROTARY:

@@ -98,6 +98,8 @@ def summarize(sim: Simulator) -> dict[str, object]:
         "resumes": s.resumes,
         "retractions": s.retractions,
         "host_full_fallbacks": s.host_full_fallbacks,
+        "peak_rotary": s.peak_rotary,
+        "peak_host_tokens": s.peak_host_tokens,
         "moved_out_gb": s.bytes_out / 1e9,
         "moved_in_gb": s.bytes_in / 1e9,
         "transfer_share": s.transfer_s / span,

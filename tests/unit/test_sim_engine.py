@@ -187,6 +187,9 @@ def test_lvf_uses_the_production_policy_and_rotates(monkeypatch: pytest.MonkeyPa
     sim = run(wl, policy="lvf-duplex", prof=profile(kv_tokens=224))
     assert calls and any(d.rotate_out == ("r0",) for d in calls)
     assert sim.reqs[0].rotations >= 1
+    # parked in the host pool: at most both requests at once, their KV in whole 16-token blocks
+    peak = summarize(sim)["peak_rotary"]
+    assert 1 <= peak <= 2 and sim.stats.peak_host_tokens % 16 == 0 and 0 < sim.stats.peak_host_tokens <= 2 * 224
     assert ttft(sim, 1) < 0.5  # stock FCFS would wait ~3 s for A to finish
     assert all(r.phase is Phase.FINISHED for r in sim.reqs)
     fcfs = run(wl, policy="sglang", prof=profile(kv_tokens=224))
