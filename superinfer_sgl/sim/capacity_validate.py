@@ -157,7 +157,9 @@ def replay_search(prof: Profile, policy: str, config: SimConfig, reqs: list[dict
 
 def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "auto", duration: float = 600.0,
           seeds: int = 4, seed: int = 0, resolution: float = 0.02, processes: int = 1,
-          policy_map: Mapping[str, str] | None = None, replay: bool = True) -> dict:
+          policy_map: Mapping[str, str] | None = None, replay: bool = True, as_planned: bool = False) -> dict:
+    """The report (see the module's doc). `as_planned`: the planner with its own settings (every
+    policy with mixed chunk, `Job`'s defaults) instead of each server's launch flags."""
     ab_path = validate.find_ab(Path(path))
     doc = json.loads(ab_path.read_text())
     cfg = doc["config"]
@@ -183,7 +185,7 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
             policy = validate.served_policy(cfg, system)
         prof, used = speed_profile(base, doc, ab_path, system, None, speed)
         config = validate.system_config(cfg, system, policy, prof.server.kv_tokens)
-        spec = PlanSpec(prof, mix, duration, seed, seeds, pop, {policy: config})
+        spec = PlanSpec(prof, mix, duration, seed, seeds, pop, None if as_planned else {policy: config})
         planned = replica_capacity(spec, policy, mix, grid, processes)
         m = measured["systems"].get(system, {})
         row = {"system": system, "policy": policy, "speed": used,
@@ -214,10 +216,14 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
         row["replay_in_request_ci"] = _inside(row["replay_mean_req_s"], m.get("request_ci"))
         rows.append(row)
     return {"run": str(ab_path), "profile": base.name, "speed": speed, "date_utc": cfg.get("date_utc"),
+            "planner_settings": "the planner's own (mixed chunk for every policy)" if as_planned
+            else "each server's launch flags (validate.system_config)",
             "kv_tokens": cfg["kv_tokens"], "chunked_prefill": cfg["chunked_prefill"], "target": live_grid.target,
             "classes": [{"name": c.name, "share": c.rate / sum(x.rate for x in mix), "ttft_ms": 1000 * c.ttft_s,
                          "tbt_ms": 1000 * c.tbt_s} for c in mix],
             "requests_per_point": len(cfg["requests"]), "population": len(pop.rows),
+            "prefix_cache": "chat-templated prompts tokenized: shared prefixes reused" if any(ids for _, ids in have)
+            else "not modelled (no dataset.jsonl or tokenizer): every prompt token computed",
             "planner": {"duration_s": duration, "seeds": seeds, "seed": seed, "grid": asdict(grid)},
             "live_grid": asdict(live_grid), "rows": rows, "pairs": _pairs(rows, measured)}
 
@@ -284,7 +290,8 @@ def markdown(rep: dict) -> str:
              f"{rep['chunked_prefill']}; classes {cls}; target {100 * rep['target']:g}% joint. Planner: "
              f"{pl['duration_s']:g} s of Poisson arrivals x {pl['seeds']} seeds per rate, lengths drawn from the run's "
              f"{rep['population']} requests. Replay: the live search in the simulator, per repeat, with its "
-             f"{rep['requests_per_point']} requests and arrivals per point.", "",
+             f"{rep['requests_per_point']} requests and arrivals per point. Prefix cache: {rep['prefix_cache']}. "
+             f"Planner settings: {rep['planner_settings']}.", "",
              "| system (policy) | speed x decode / prefill (source) | planner req/s | replay per repeat | "
              "measured per repeat | measured mean | 95% request | 95% repeat (t) | planner in request CI | "
              "replay mean in request CI |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -323,6 +330,8 @@ def run(path: Path, out_dir: Path, **kw: object) -> dict:
     stem = "sim_validate_capacity_" + Path(rep["run"]).parent.name
     if kw.get("speed", "auto") != "auto":
         stem += f"_{kw['speed']}"
+    if kw.get("as_planned"):
+        stem += "_as_planned"
     (out_dir / f"{stem}.json").write_text(json.dumps(rep, indent=1) + "\n")
     (out_dir / f"{stem}.md").write_text(markdown(rep))
     return rep

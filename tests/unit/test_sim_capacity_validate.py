@@ -136,6 +136,7 @@ def test_the_replayed_search_finds_the_measured_capacities(live: tuple[Path, dic
         # repeat 1's requests live in repeat1/dataset.jsonl, readable only with the model's tokenizer
         assert "skipped" in second and row["replay_mean_req_s"] == pytest.approx(first["capacity_req_s"])
         assert row["planner_req_s"] and GRID.lo / 4 < row["planner_req_s"] < GRID.hi
+    assert rep["prefix_cache"].startswith("not modelled")  # no tokenizer here
     (pair,) = rep["pairs"]
     assert pair["a"] == "sglang" and pair["b"] == "superinfer" and pair["planner"] > 0
     stock, ours = (r["measured"]["per_repeat"] for r in rep["rows"])
@@ -180,9 +181,10 @@ def test_the_planner_draws_the_runs_requests_and_classes() -> None:
 def test_cli_writes_the_report(live: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run, _ = live
     assert main(["validate-capacity", str(run), "--out", str(tmp_path), "--duration", "60", "--seeds", "1",
-                 "--resolution", "0.1", "--no-replay", "--speed", "probes"]) == 0
+                 "--resolution", "0.1", "--no-replay", "--speed", "probes", "--as-planned"]) == 0
     text = capsys.readouterr().out
     assert "| sglang (sglang) |" in text and "superinfer / sglang: predicted" in text and "(probes)" in text
-    stem = f"sim_validate_capacity_{run.name}_probes"
+    assert "Planner settings: the planner's own" in text
+    stem = f"sim_validate_capacity_{run.name}_probes_as_planned"
     assert json.loads((tmp_path / f"{stem}.json").read_text())["speed"] == "probes"
     assert (tmp_path / f"{stem}.md").read_text() == cv.markdown(json.loads((tmp_path / f"{stem}.json").read_text()))
