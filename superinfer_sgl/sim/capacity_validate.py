@@ -193,7 +193,8 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
                           "min_stint_s": config.min_stint_s, "running_reserve": config.running_reserve},
                "planner_req_s": planned, "measured": m,
                "planner_in_request_ci": _inside(planned, m.get("request_ci")),
-               "planner_in_repeat_ci": _inside(planned, m.get("repeat_ci")), "replay": []}
+               "planner_in_repeat_ci": _inside(planned, m.get("repeat_ci")),
+               "planner_vs_brackets": [_position(planned, b) for b in m.get("brackets") or []], "replay": []}
         for k, rseed in repeats:
             reqs, ids = sets[k]
             live = next((r for r in runs if r["system"] == system and int(r["repeat"]) == k), {})
@@ -233,6 +234,15 @@ def _summary(doc: dict) -> dict:
     from superinfer_sgl.bench.capacity_live import summarize
 
     return summarize(doc.get("capacity_runs") or [], [tuple(p) for p in doc["config"].get("pairs") or []], doc["results"])
+
+
+def _position(x: float | None, bracket: Sequence[float | None] | None) -> str | None:
+    """Where x lies against a live search's bracket (highest passing, lowest failing rate; a search
+    below its grid: (None, lowest rate), above it: (highest rate, None))."""
+    if x is None or not bracket:
+        return None
+    lo, hi = bracket
+    return "below" if lo is not None and x < lo else "above" if hi is not None and x >= hi else "inside"
 
 
 def _inside(x: float | None, ci: Sequence[float] | None) -> bool | None:
@@ -293,17 +303,20 @@ def markdown(rep: dict) -> str:
              f"{rep['requests_per_point']} requests and arrivals per point. Prefix cache: {rep['prefix_cache']}. "
              f"Planner settings: {rep['planner_settings']}.", "",
              "| system (policy) | speed x decode / prefill (source) | planner req/s | replay per repeat | "
-             "measured per repeat | measured mean | 95% request | 95% repeat (t) | planner in request CI | "
-             "replay mean in request CI |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "measured per repeat (bracket) | measured mean | 95% request | 95% repeat (t) | planner in request CI | "
+             "planner vs each bracket | replay mean in request CI |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         sp, m = r["speed"], r["measured"]
         per = ", ".join(_f(x.get("capacity_req_s")) + (f" ({x['censored']})" if x.get("censored") else "")
                         if "capacity_req_s" in x else "skipped" for x in r["replay"])
+        live = ", ".join(f"{_f(c)} ({_f(b[0], '{:.3g}')}..{_f(b[1], '{:.3g}')})" if b else _f(c)
+                         for c, b in zip(m.get("per_repeat", []), m.get("brackets") or [None] * len(m.get("per_repeat", []))))
         lines.append(f"| {r['system']} ({r['policy']}{', mixed chunk' if r['config']['mixed_chunk'] else ''}) | "
                      f"{_f(sp.get('decode'), '{:.2f}')} / {_f(sp.get('prefill'), '{:.2f}')} ({sp['source']}) | "
-                     f"{_f(r['planner_req_s'])} | {per} | {', '.join(_f(x) for x in m.get('per_repeat', []))} | "
+                     f"{_f(r['planner_req_s'])} | {per} | {live} | "
                      f"{_f(m.get('mean_req_s'))} | {_ci(m.get('request_ci'))} | {_ci(m.get('repeat_ci'))} | "
-                     f"{_yes(r['planner_in_request_ci'])} | {_yes(r['replay_in_request_ci'])} |")
+                     f"{_yes(r['planner_in_request_ci'])} | {', '.join(x or '-' for x in r['planner_vs_brackets']) or '-'} | "
+                     f"{_yes(r['replay_in_request_ci'])} |")
     lines.append("")
     for p in rep["pairs"]:
         replayed = ", ".join(f"{x:.2f}" for x in p["replay_per_repeat"]) or "-"

@@ -136,6 +136,7 @@ def test_the_replayed_search_finds_the_measured_capacities(live: tuple[Path, dic
         # repeat 1's requests live in repeat1/dataset.jsonl, readable only with the model's tokenizer
         assert "skipped" in second and row["replay_mean_req_s"] == pytest.approx(first["capacity_req_s"])
         assert row["planner_req_s"] and GRID.lo / 4 < row["planner_req_s"] < GRID.hi
+        assert len(row["planner_vs_brackets"]) == 2 and set(row["planner_vs_brackets"]) <= {"below", "inside", "above"}
     assert rep["prefix_cache"].startswith("not modelled")  # no tokenizer here
     (pair,) = rep["pairs"]
     assert pair["a"] == "sglang" and pair["b"] == "superinfer" and pair["planner"] > 0
@@ -164,6 +165,12 @@ def test_a_faster_machine_plans_more_per_replica(tmp_path: Path, live: tuple[Pat
     for a, b in zip(slow["rows"], fast["rows"]):
         assert b["planner_req_s"] > a["planner_req_s"], (a["system"], a["planner_req_s"], b["planner_req_s"])
         assert b["speed"]["decode"] == pytest.approx(1.0, rel=1e-4) and all(x.get("skipped") == "off" for x in b["replay"])
+
+
+def test_positions_against_a_live_bracket() -> None:
+    assert [cv._position(x, (1.0, 1.2)) for x in (0.9, 1.0, 1.1, 1.2)] == ["below", "inside", "inside", "above"]
+    assert cv._position(0.5, (None, 1.2)) == "inside" and cv._position(1.3, (None, 1.2)) == "above"  # below the grid
+    assert cv._position(9.0, (4.8, None)) == "inside" and cv._position(None, (1.0, 1.2)) is None
 
 
 def test_the_planner_draws_the_runs_requests_and_classes() -> None:
