@@ -292,6 +292,13 @@ def _yes(x: bool | None) -> str:
     return "-" if x is None else ("yes" if x else "no")
 
 
+def _in_ci(x: bool | None, m: dict) -> str:
+    """A search below its grid counts 0 in the request interval (its capacity is somewhere under the
+    lowest rate): against such a system, the interval cannot place a prediction; its bracket can."""
+    below = sum(c == "below" for c in m.get("censored") or [])
+    return f"n/a ({below} below grid)" if below else _yes(x)
+
+
 def markdown(rep: dict) -> str:
     pl = rep["planner"]
     cls = "; ".join(f"{c['name']} {100 * c['share']:.0f}% at {c['ttft_ms']:g} / {c['tbt_ms']:g} ms" for c in rep["classes"])
@@ -309,21 +316,24 @@ def markdown(rep: dict) -> str:
         sp, m = r["speed"], r["measured"]
         per = ", ".join(_f(x.get("capacity_req_s")) + (f" ({x['censored']})" if x.get("censored") else "")
                         if "capacity_req_s" in x else "skipped" for x in r["replay"])
+        caps = m.get("per_repeat", [])
         live = ", ".join(f"{_f(c)} ({_f(b[0], '{:.3g}')}..{_f(b[1], '{:.3g}')})" if b else _f(c)
-                         for c, b in zip(m.get("per_repeat", []), m.get("brackets") or [None] * len(m.get("per_repeat", []))))
+                         for c, b in zip(caps, m.get("brackets") or [None] * len(caps)))
         lines.append(f"| {r['system']} ({r['policy']}{', mixed chunk' if r['config']['mixed_chunk'] else ''}) | "
                      f"{_f(sp.get('decode'), '{:.2f}')} / {_f(sp.get('prefill'), '{:.2f}')} ({sp['source']}) | "
                      f"{_f(r['planner_req_s'])} | {per} | {live} | "
                      f"{_f(m.get('mean_req_s'))} | {_ci(m.get('request_ci'))} | {_ci(m.get('repeat_ci'))} | "
-                     f"{_yes(r['planner_in_request_ci'])} | {', '.join(x or '-' for x in r['planner_vs_brackets']) or '-'} | "
-                     f"{_yes(r['replay_in_request_ci'])} |")
+                     f"{_in_ci(r['planner_in_request_ci'], m)} | "
+                     f"{', '.join(x or '-' for x in r['planner_vs_brackets']) or '-'} | "
+                     f"{_in_ci(r['replay_in_request_ci'], m)} |")
     lines.append("")
     for p in rep["pairs"]:
         replayed = ", ".join(f"{x:.2f}" for x in p["replay_per_repeat"]) or "-"
         measured = ", ".join(f"{x:.2f}" for x in p["measured_per_repeat"]) or "-"
         lines.append(f"{p['b']} / {p['a']}: predicted {_f(p['planner'], '{:.2f}x')} (planner), "
                      f"{_f(p['replay'], '{:.2f}x')} (replay; per repeat {replayed}); measured "
-                     f"{_f(p['measured'], '{:.2f}x')} (per repeat {measured}; "
+                     f"{_f(p['measured'], '{:.2f}x') if p['measured'] is not None else '- (a baseline at 0)'} "
+                     f"(per repeat {measured}; "
                      f"95% request {_ci(p['measured_request_ci'], '{:.2f}')}); planner inside: "
                      f"{_yes(p['planner_in_request_ci'])}, replay inside: {_yes(p['replay_in_request_ci'])}")
     lines += ["", "Joint attainment at the rates the run measured, live / simulated (replay):", ""]

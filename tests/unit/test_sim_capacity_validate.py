@@ -167,6 +167,11 @@ def test_a_faster_machine_plans_more_per_replica(tmp_path: Path, live: tuple[Pat
         assert b["speed"]["decode"] == pytest.approx(1.0, rel=1e-4) and all(x.get("skipped") == "off" for x in b["replay"])
 
 
+def test_a_search_below_its_grid_is_read_by_its_bracket() -> None:
+    assert cv._in_ci(False, {"censored": ["below", None]}) == "n/a (1 below grid)"
+    assert cv._in_ci(True, {"censored": [None, None]}) == "yes"
+
+
 def test_positions_against_a_live_bracket() -> None:
     assert [cv._position(x, (1.0, 1.2)) for x in (0.9, 1.0, 1.1, 1.2)] == ["below", "inside", "inside", "above"]
     assert cv._position(0.5, (None, 1.2)) == "inside" and cv._position(1.3, (None, 1.2)) == "above"  # below the grid
