@@ -39,7 +39,7 @@ from .planning import Plan, SweepPoint, for_repeat
 from .rundoc import describe, prepare_files
 from .runner import Sweep, calibrate, run_point, save
 from .servers import ServerError, SystemSpec
-from .workloads import poisson_arrivals
+from .workloads import search_arrivals
 
 N_BOOT = 4000
 EXTEND_BELOW = 4  # grid steps scanned below the grid's lowest rate when it fails (down to ~0.26x)
@@ -63,8 +63,7 @@ def grid_for(plan: Plan, capacity_rps: float | None) -> CapacityGrid:
 def point_at(plan: Plan, rate: float, index: int) -> SweepPoint:
     """A Poisson point at `rate` for this repeat's requests (same arrivals for every system at the
     same rate), its schedule written where run_point reads it."""
-    seed = plan.seed * 100_000 + int(round(rate * 1000)) % 100_000
-    arrivals = tuple(poisson_arrivals(len(plan.requests), rate, seed))
+    arrivals = tuple(search_arrivals(len(plan.requests), rate, plan.seed))
     pt = SweepPoint(round(rate, 6), arrivals, f"{rate:.4g} req/s")
     (plan.out_dir / "schedules" / f"{index:03d}.json").write_text(
         json.dumps({"label": pt.label, "rate": pt.rate, "arrivals_s": list(arrivals)}))

@@ -100,6 +100,12 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 
+def search_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """The live capacity search's arrivals at `rate` in a repeat seeded `seed` (capacity_live.point_at):
+    the same for every system at the same rate; sim/capacity_validate.py draws them again."""
+    return poisson_arrivals(n, rate, seed * 100_000 + int(round(rate * 1000)) % 100_000)
+
+
 def recorded_arrivals(reqs: Sequence[BenchRequest], time_scale: float = 1.0) -> list[float]:
     """Trace timestamps as offsets from the first request, stretched by time_scale (2 = half rate)."""
     assert time_scale > 0

@@ -6,6 +6,7 @@
   --validate AB_JSON   replay the A/B harness's workload and compare with its measurements
   capacity  SLO capacity per policy: the highest rate at which --target of requests meet both SLOs
   plan      replicas a mix of SLO classes needs per policy; one shared cluster vs one per class
+  validate-capacity DIR   the planner's one-replica answer against a live capacity run (ab_bench --capacity)
   speed     wall time of 120 s at 20 req/s per policy (the simulator's speed target)
   scale-profile NAME   a profile for an MoE or MLA model, scaled from the measured H100 one
 
@@ -17,6 +18,7 @@ Examples:
       --class batch:rate=10,ttft_ms=30000,tbt_ms=500 --policy goodput --policy sglang --policy sglang-priority
   python -m superinfer_sgl.sim paper --jobs 2
   python -m superinfer_sgl.sim --validate results/ab_cpu.json
+  python -m superinfer_sgl.sim validate-capacity results/capacity_cpu
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from superinfer_sgl.sim import capacity, plan, scale_profile
+from superinfer_sgl.sim import capacity, capacity_validate, plan, scale_profile
 from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
@@ -84,6 +86,21 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--resolution", type=float, default=0.02)
     pl.add_argument("--jobs", type=int, default=1, help="worker processes")
     pl.add_argument("--json", type=Path, help="write one row per policy")
+    vc = sub.add_parser("validate-capacity", help="the planner's one-replica answer against a live capacity run",
+                        description=capacity_validate.__doc__.split("\n\n")[0])
+    vc.add_argument("run_dir", type=Path, metavar="DIR", help="an ab_bench.py --capacity folder (or its ab.json)")
+    vc.add_argument("--profile", default=validate_defaults.DEFAULT_PROFILE, help="cost profile scaled to the run's speed")
+    vc.add_argument("--speed", choices=capacity_validate.SPEED_SOURCES, default="auto",
+                    help="the run's speed from its step logs, point probes or opening calibration (auto: the first it has)")
+    vc.add_argument("--duration", type=float, default=600.0, help="planner: seconds of arrivals per simulated rate")
+    vc.add_argument("--seeds", type=int, default=4, help="planner: workload seeds pooled at each rate")
+    vc.add_argument("--seed", type=int, default=0)
+    vc.add_argument("--resolution", type=float, default=0.02, help="planner: bisection resolution")
+    vc.add_argument("--no-replay", action="store_true", help="skip the replay of the live search per repeat")
+    vc.add_argument("--as-planned", action="store_true",
+                    help="planner: its own settings (mixed chunk for every policy) instead of each server's flags")
+    vc.add_argument("--jobs", type=int, default=1, help="worker processes (planner)")
+    vc.add_argument("--out", type=Path, default=RESULTS, help="writes sim_validate_capacity_<run>.json / .md here")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
     paper.add_argument("--jobs", type=int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
@@ -223,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         _capacity(a)
     elif a.cmd == "plan":
         _plan(a)
+    elif a.cmd == "validate-capacity":
+        rep = capacity_validate.run(a.run_dir, a.out, profile=a.profile, speed=a.speed, duration=a.duration,
+                                    seeds=a.seeds, seed=a.seed, resolution=a.resolution, processes=a.jobs,
+                                    policy_map=dict(m.split("=", 1) for m in a.map), replay=not a.no_replay,
+                                    as_planned=a.as_planned)
+        print(capacity_validate.markdown(rep))
     elif a.cmd == "paper":
         from superinfer_sgl.sim import paper
 

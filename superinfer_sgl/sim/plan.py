@@ -8,7 +8,8 @@ batch, or one cluster per class) compares ceil(R / capacity(mix)) with the sum o
 ceil(R_class / capacity(class alone)).
 
 Requests: Poisson arrivals, each request's class drawn by the classes' shares of the rate,
-ShareGPT-like lengths (sim/workload.py). For SGLang's priority scheduling a class's priority
+ShareGPT-like lengths (sim/workload.py) or lengths drawn from a recorded set (`Population`: a live
+run's requests, sim/capacity_validate.py). For SGLang's priority scheduling a class's priority
 follows its TTFT SLO (tighter: higher), as the A/B harness sends it; the goodput policy uses each
 class's weight.
 """
@@ -17,15 +18,15 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from superinfer_sgl.sim.capacity import CapacityGrid, find_capacity
-from superinfer_sgl.sim.engine import Simulator
+from superinfer_sgl.sim.engine import SimConfig, Simulator
 from superinfer_sgl.sim.metrics import request_outcomes
 from superinfer_sgl.sim.policies import make_policy
-from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import Job
 from superinfer_sgl.sim.workload import SHAREGPT_LIKE, RequestSpec, Workload, poisson_arrivals
 
@@ -57,37 +58,66 @@ class MixClass:
                    float(fields.get("weight", 1.0)))
 
 
-def mix_workload(classes: Sequence[MixClass], rate: float, duration: float, seed: int) -> tuple[Workload, dict[str, str]]:
-    """`rate` req/s in all, classes drawn by their share of the rate; rid -> class name."""
+@dataclass(frozen=True)
+class Population:
+    """Request lengths drawn with replacement from recorded requests: per row its prompt and output
+    tokens and the prompt tokens the prefix cache serves (a chat template's shared prefix)."""
+
+    rows: tuple[tuple[int, int, int], ...]
+
+    def __post_init__(self) -> None:
+        assert self.rows and all(p > c >= 0 and o >= 1 for p, o, c in self.rows), self.rows[:3]
+
+    def sample(self, rng: random.Random) -> tuple[int, int, int]:
+        return self.rows[rng.randrange(len(self.rows))]
+
+
+def mix_workload(classes: Sequence[MixClass], rate: float, duration: float, seed: int,
+                 population: Population | None = None) -> tuple[Workload, dict[str, str]]:
+    """`rate` req/s in all, classes drawn by their share of the rate, lengths ShareGPT-like or
+    drawn from `population`; rid -> class name."""
     rng = random.Random(seed)
     total = sum(c.rate for c in classes)
     by_ttft = sorted({c.ttft_s for c in classes}, reverse=True)
     specs, names = [], {}
     for i, t in enumerate(poisson_arrivals(rate, duration, rng)):
         c = rng.choices(classes, weights=[k.rate / total for k in classes])[0]
-        p, o = SHAREGPT_LIKE.sample(rng)
+        if population is None:
+            (p, o), cached = SHAREGPT_LIKE.sample(rng), 0
+        else:
+            p, o, cached = population.sample(rng)
         rid = f"m{i}"
         specs.append(RequestSpec(rid, t, p, o, c.ttft_s, c.tbt_s, PRIORITY_STEP * by_ttft.index(c.ttft_s),
-                                 weight=c.weight))
+                                 cached_tokens=cached, weight=c.weight))
         names[rid] = c.name
     return Workload(tuple(specs), f"mix of {', '.join(c.name for c in classes)} (seed {seed}, {rate:g} req/s)"), names
 
 
 @dataclass(frozen=True)
 class PlanSpec:
-    profile: str
+    """What one replica is: a profile (a name, a path or a Profile with its server limits set), the
+    classes, the request lengths (None: ShareGPT-like), and per policy its SimConfig (absent: the
+    policy as shipped with mixed chunk, what a planning run assumes)."""
+
+    profile: str | Profile
     classes: tuple[MixClass, ...]
     duration: float = 120.0
     seed: int = 0
     seeds: int = 1
+    population: Population | None = None
+    configs: Mapping[str, SimConfig] | None = None
+
+    def config(self, policy: str) -> SimConfig:
+        given = (self.configs or {}).get(policy)
+        return given if given is not None else Job("plan", policy, mixed_chunk=True).config()
 
     def worst_class_attainment(self, policy: str, classes: tuple[MixClass, ...], rate: float) -> float:
         """The lowest joint attainment of any class at `rate`, pooled over the seeds."""
-        profile = resolve_profile(self.profile)
-        config = Job(self.profile, policy, mixed_chunk=True).config()
+        profile = self.profile if isinstance(self.profile, Profile) else resolve_profile(self.profile)
+        config = self.config(policy)
         met: dict[str, list[int]] = {c.name: [0, 0] for c in classes}
         for s in range(self.seed, self.seed + self.seeds):
-            wl, names = mix_workload(classes, rate, self.duration, s)
+            wl, names = mix_workload(classes, rate, self.duration, s, self.population)
             sim = Simulator(wl, profile, make_policy(policy), config).run()
             for row in request_outcomes(sim):
                 m = met[names[str(row["rid"])]]
@@ -148,4 +178,4 @@ def plan_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MixClass", "PlanSpec", "mix_workload", "plan", "plan_table", "replica_capacity", "replicas"]
+__all__ = ["MixClass", "PlanSpec", "Population", "mix_workload", "plan", "plan_table", "replica_capacity", "replicas"]

@@ -11,7 +11,6 @@ attainment within 10 points of the measurement and P50 TTFT within 25%.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim import steplog
 from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
-from superinfer_sgl.sim.workload import RequestSpec, Workload
+from superinfer_sgl.sim.workload import Workload, earlier_prefixes, recorded_workload  # noqa: F401 (re-exported)
 
 # A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF over the
 # rotation engine's one call per step for both directions, with eager sync (its defaults).
@@ -72,47 +71,16 @@ def find_ab(path: Path) -> Path:
 
 def ab_workload(doc: dict, ab_path: Path, index: int,
                 prompt_ids: Sequence[Sequence[int]] | None = None) -> Workload:
-    """The A/B point's requests at their measured arrival times. With the prompts' token ids,
-    each request's cached_tokens is its longest common prefix with any earlier arrival (what
-    SGLang's radix cache finds at admission if nothing was evicted)."""
+    """The A/B point's requests at their measured arrival times (workload.recorded_workload: with
+    the prompts' token ids, each request's longest common prefix with an earlier arrival is
+    cached, what SGLang's radix cache finds at admission if nothing was evicted)."""
     cfg = doc["config"]
     sched = ab_path.parent / "schedules" / f"{index:02d}.json"
     arrivals = json.loads(sched.read_text())["arrivals_s"]
-    reqs = cfg["requests"]
-    if len(arrivals) != len(reqs):
-        raise ValueError(f"{sched}: {len(arrivals)} arrivals for {len(reqs)} requests")
-    order = sorted(range(len(reqs)), key=lambda i: float(arrivals[i]))
-    cached = earlier_prefixes([prompt_ids[i] for i in order]) if prompt_ids else [0] * len(order)
-    specs = []
-    for i, hit in zip(order, cached):
-        r = reqs[i]
-        prompt = int(r["prompt_tokens"])
-        specs.append(RequestSpec(f"ab{i}", float(arrivals[i]), prompt, int(r["output_tokens"]),
-                                 float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
-                                 int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1),
-                                 weight=float(r.get("weight") or 1.0)))
-    return Workload(tuple(specs), f"A/B workload {ab_path} point {index} ({cfg.get('workload')})")
-
-
-def earlier_prefixes(seqs: Sequence[Sequence[int]]) -> list[int]:
-    """For each sequence, its longest common prefix with any earlier one. The longest match in a
-    set is with a lexicographic neighbour, so a sorted list of the earlier ones suffices."""
-    seen: list[tuple[int, ...]] = []
-    out = []
-    for seq in seqs:
-        key = tuple(seq)
-        i = bisect.bisect_left(seen, key)
-        out.append(max([_lcp(key, seen[j]) for j in (i - 1, i) if 0 <= j < len(seen)], default=0))
-        seen.insert(i, key)
-    return out
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for k in range(n):
-        if a[k] != b[k]:
-            return k
-    return n
+    if len(arrivals) != len(cfg["requests"]):
+        raise ValueError(f"{sched}: {len(arrivals)} arrivals for {len(cfg['requests'])} requests")
+    return recorded_workload(cfg["requests"], arrivals, f"A/B workload {ab_path} point {index} ({cfg.get('workload')})",
+                             prompt_ids)
 
 
 def ab_prompt_ids(doc: dict, ab_path: Path) -> list[list[int]] | None:
@@ -274,11 +242,16 @@ def point_profile(profile: Profile, ab_path: Path, system: str, point: dict, fir
             return replace(profile, step=step), {**scales, "trace": trace, "spread": spread}, "step log"
     probed = point.get("speed_probe")
     if probed:
-        scales = speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
-                                        # the first A/B with point probes did not record it: 16
-                                        "probe_out_tokens": probed.get("out_tokens", 16)})
+        scales = probe_scales(profile, probed)
         return scaled(profile, scales), scales, "point probe"
     return None, None, None
+
+
+def probe_scales(profile: Profile, probed: dict) -> dict | None:
+    """speed_scales of one point's speed probe (a run's `speed_probe`: lone TTFT, gaps at 1 and 4)."""
+    return speed_scales(profile, {"speed": probed, "mean_prompt_tokens": probed["prompt_tokens"],
+                                  # the first A/B with point probes did not record it: 16
+                                  "probe_out_tokens": probed.get("out_tokens", 16)})
 
 
 @functools.lru_cache(maxsize=8)

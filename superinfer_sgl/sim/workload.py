@@ -16,6 +16,7 @@ Sources:
 
 from __future__ import annotations
 
+import bisect
 import csv
 import datetime as dt
 import json
@@ -179,6 +180,47 @@ def from_rows(rows: Iterable[dict], source: str, time_scale: float = 1.0) -> Wor
     reqs = tuple(RequestSpec(rid, (t - t0) * time_scale, max(1, p), max(1, o), ttft, tbt, prio)
                  for t, p, o, ttft, tbt, prio, rid in parsed)
     return Workload(reqs, source)
+
+
+def recorded_workload(reqs: Sequence[dict], arrivals: Sequence[float], source: str,
+                      prompt_ids: Sequence[Sequence[int]] | None = None) -> Workload:
+    """The A/B harness's request rows (prompt_tokens, output_tokens, ttft_slo_ms, tbt_slo_ms,
+    priority, weight) at their arrival offsets, request i as `ab{i}`. With the prompts' token ids,
+    each request's cached_tokens is its longest common prefix with any earlier arrival (what
+    SGLang's radix cache finds at admission if nothing was evicted)."""
+    assert len(arrivals) == len(reqs), (len(arrivals), len(reqs))
+    order = sorted(range(len(reqs)), key=lambda i: float(arrivals[i]))
+    cached = earlier_prefixes([prompt_ids[i] for i in order]) if prompt_ids else [0] * len(order)
+    specs = []
+    for i, hit in zip(order, cached):
+        r = reqs[i]
+        prompt = int(r["prompt_tokens"])
+        specs.append(RequestSpec(f"ab{i}", float(arrivals[i]), prompt, int(r["output_tokens"]),
+                                 float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
+                                 int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1),
+                                 weight=float(r.get("weight") or 1.0)))
+    return Workload(tuple(specs), source)
+
+
+def earlier_prefixes(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """For each sequence, its longest common prefix with any earlier one. The longest match in a
+    set is with a lexicographic neighbour, so a sorted list of the earlier ones suffices."""
+    seen: list[tuple[int, ...]] = []
+    out = []
+    for seq in seqs:
+        key = tuple(seq)
+        i = bisect.bisect_left(seen, key)
+        out.append(max([_lcp(key, seen[j]) for j in (i - 1, i) if 0 <= j < len(seen)], default=0))
+        seen.insert(i, key)
+    return out
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
 
 
 def load_table(path: Path) -> Workload:
