@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from ..integration.tree_replay import HookedTreeCore, TreeReplay, kv_pool
+from .prefix_stats import OURS
 from .prefix_workloads import VOCAB, conversations, tenants, unique
 
 # lru_big: stock LRU on a device pool of --kv-tokens + --host-tokens (what the host tier's extra
 # memory would give if it were device memory: a reference, not an arm of the decision)
 POLICIES = ("lru", "lfu", "slru", "tlru", "predictive", "predictive+host", "lru_big")
-OURS = ("predictive", "predictive+host")
 
 
 def _events(kind: str, seed: int, rate: float, duration: float) -> list[tuple[float, int, str, list[int], int]]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-OURS = "predictive"
+OURS = ("predictive", "predictive+host")  # our arms; every other arm is a stock policy
 CONTROL = "unique"
 SLO_MULTIPLES = (1.0, 2.0, 4.0)  # SLOs as multiples of the control's median TTFT / TBT (2: headline)
 
@@ -121,11 +121,10 @@ def summarize(runs: Sequence[dict[str, Any]], ttft_slo_ms: float | None, tbt_slo
     table = [{"workload": k, "arm": a, **_row(g, ttft_s, tbt_s)} for (k, a), g in sorted(groups.items())]
     diffs = []
     for kind in sorted({k for k, _ in groups}):
-        if (kind, OURS) not in groups:
-            continue
-        for arm in sorted(a for k, a in groups if k == kind and a != OURS):
-            diffs.append({"workload": kind, "ours": OURS, "baseline": arm,
-                          **_paired(groups[(kind, arm)], groups[(kind, OURS)], ttft_s, tbt_s)})
+        for ours in (o for o in OURS if (kind, o) in groups):
+            for arm in sorted(a for k, a in groups if k == kind and a not in OURS):
+                diffs.append({"workload": kind, "ours": ours, "baseline": arm,
+                              **_paired(groups[(kind, arm)], groups[(kind, ours)], ttft_s, tbt_s)})
     sweep = []
     if any(run["kind"] == CONTROL for run in runs):
         for m in SLO_MULTIPLES:
@@ -146,7 +145,7 @@ def plot(summary: dict[str, Any], path: str) -> None:
 
     rows = summary["table"]
     kinds = sorted({r["workload"] for r in rows})
-    arms = sorted({r["arm"] for r in rows}, key=lambda a: (a != OURS, a))
+    arms = sorted({r["arm"] for r in rows}, key=lambda a: (a not in OURS, a))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     width = 0.8 / len(arms)
     for ax, metric, title in ((axes[0], "hit_share", "prefix-hit share"),
@@ -181,7 +180,7 @@ def markdown(summary: dict[str, Any]) -> str:
     for d in summary["ours_minus_stock"]:
         if not d.get("pairs"):
             continue
-        lines.append(f"| {d['workload']} | {d['baseline']} | {d['pairs']} | {d['hit_share'] * 100:+.1f} "
+        lines.append(f"| {d['workload']} | {d['ours']} - {d['baseline']} | {d['pairs']} | {d['hit_share'] * 100:+.1f} "
                      f"({_ci_text(d['hit_share_ci'])}) | {d['ttft_attainment'] * 100:+.1f} "
                      f"({_ci_text(d['ttft_attainment_ci'])}) | {d['joint_attainment'] * 100:+.1f} "
                      f"({_ci_text(d['joint_attainment_ci'])}) |")

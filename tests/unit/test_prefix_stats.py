@@ -1,0 +1,32 @@
+"""The prefix A/B's statistics (bench/prefix_stats.py): SLOs from the control, and ours minus every
+stock policy for each of our arms that ran (predictive, predictive+host), paired by request."""
+
+from __future__ import annotations
+
+import pytest
+
+from superinfer_sgl.bench.prefix_stats import OURS, control_slos, markdown, summarize
+
+
+def _run(kind: str, arm: str, cached: list[int], ttft: list[float]) -> dict:
+    recs = [{"idx": i, "turn": 0, "ok": True, "ttft_s": t, "e2e_s": t + 0.7, "output_tokens": 8,
+             "prompt_tokens": 100, "cached_tokens": c} for i, (c, t) in enumerate(zip(cached, ttft))]
+    return {"kind": kind, "arm": arm, "rep": 0, "records": recs, "wall_s": 10.0, "peak_token_usage": 0.5}
+
+
+def test_every_ours_arm_is_compared_with_every_stock_arm() -> None:
+    n = 6
+    runs = [_run("unique", arm, [0] * n, [0.1] * n) for arm in ("predictive+host", "lru", "tlru")]
+    runs += [_run("tenants", "predictive+host", [80] * n, [0.1] * n),
+             _run("tenants", "lru", [40] * n, [0.1] * 3 + [0.5] * 3),
+             _run("tenants", "tlru", [60] * n, [0.1] * n)]
+    ttft_ms, _ = control_slos(runs)
+    assert ttft_ms == pytest.approx(200.0)  # 2x the control's median TTFT
+    s = summarize(runs, None, None)
+    diffs = {(d["workload"], d["ours"], d["baseline"]): d for d in s["ours_minus_stock"]}
+    assert set(diffs) == {(k, "predictive+host", b) for k in ("tenants", "unique") for b in ("lru", "tlru")}
+    assert diffs["tenants", "predictive+host", "lru"]["hit_share"] == pytest.approx(0.4)
+    assert diffs["tenants", "predictive+host", "lru"]["ttft_attainment"] == pytest.approx(0.5)
+    assert diffs["tenants", "predictive+host", "tlru"]["hit_share"] == pytest.approx(0.2)
+    assert "predictive+host - lru" in markdown(s)
+    assert {"predictive", "predictive+host"} <= set(OURS)
