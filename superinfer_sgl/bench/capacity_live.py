@@ -289,6 +289,42 @@ def rereport_capacity(out_dir: Path) -> dict[str, Any]:
     return doc
 
 
+# What a capacity means in a run: runs pooled by `merge_capacity` must agree on all of it (their SLO
+# class table too when requests carry classes).
+MERGE_KEYS = ("profile", "workload", "slo_default", "num_requests", "capacity_grid", "pairs", "order", "class_mix")
+
+
+def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
+    """Pool the repeats of finished capacity runs (`--report OUT --merge DIR ...`) into one report
+    in out_dir: later runs' repeats are numbered after the earlier ones', so every search keeps
+    its own points; the statistics are then recomputed over all repeats (`rereport_capacity`)."""
+    docs = [json.loads((Path(d) / "ab.json").read_text()) for d in run_dirs]
+    first = docs[0]["config"]
+    keys = MERGE_KEYS + (("slo_classes",) if first.get("class_mix") else ())
+    for d, doc in zip(run_dirs[1:], docs[1:]):
+        if doc["config"].get("mode") != "capacity":
+            raise ValueError(f"{d}: not a capacity run")
+        differ = [k for k in keys if doc["config"].get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"{d} differs from {run_dirs[0]} in {', '.join(differ)}: not the same capacity")
+    merged: dict[str, Any] = {**docs[0], "results": {}, "capacity_runs": [], "errors": {}}
+    offset = 0
+    for d, doc in zip(run_dirs, docs):
+        for run in doc["capacity_runs"]:
+            merged["capacity_runs"].append({**run, "repeat": run["repeat"] + offset})
+        for name, pts in doc["results"].items():
+            merged["results"].setdefault(name, []).extend({**p, "repeat": p.get("repeat", 0) + offset} for p in pts)
+        merged["errors"] |= {f"{d}: {k}": v for k, v in (doc.get("errors") or {}).items()}
+        offset += 1 + max((run["repeat"] for run in doc["capacity_runs"]), default=-1)
+    merged["config"] = {**first, "repeats": offset, "merged_from": [
+        {"dir": str(d), "argv": doc["config"].get("argv"), "date_utc": doc["config"].get("date_utc"),
+         "git_commit": (doc["config"].get("machine") or {}).get("git_commit")} for d, doc in zip(run_dirs, docs)]}
+    merged["wall_s"] = sum(doc.get("wall_s", 0.0) for doc in docs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ab.json").write_text(json.dumps(merged, indent=1, default=str))
+    return rereport_capacity(out_dir)
+
+
 # ---- report --------------------------------------------------------------------------------------
 def _ci(ci: Sequence[float] | None, fmt: str = "{:.3f}") -> str:
     return "-" if not ci else f"{fmt.format(ci[0])} .. {fmt.format(ci[1])}"
@@ -308,6 +344,8 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
              f"{cfg.get('slo_default', {}).get('ttft_ms', 0):g} ms / TBT {cfg.get('slo_default', {}).get('tbt_ms', 0):g} ms; "
              f"{cfg.get('num_requests')} requests per point; order {cfg.get('order')}; repeats {cfg.get('repeats')}; "
              f"wall {doc.get('wall_s', 0):.0f} s", ""]
+    for m in cfg.get("merged_from") or []:
+        lines += [f"pooled: `{' '.join(m.get('argv') or [])}` ({m.get('date_utc')}, {m.get('git_commit')})", ""]
     machine = cfg.get("machine") or {}
     if machine:
         lines += ["machine: " + ", ".join(f"{k} {v}" for k, v in machine.items() if not isinstance(v, (dict, list))), ""]

@@ -101,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
     p.add_argument("--report", type=Path, metavar="DIR",
                    help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="RUN",
+                   help="with --report OUT: pool the repeats of these finished --capacity runs (same SLOs, grid, "
+                        "requests per point and systems) into OUT")
     return p
 
 
@@ -123,6 +126,19 @@ def dry_run(plan, tokenizer) -> None:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parser().parse_args(argv)
+    if a.merge and not a.report:
+        print("ab_bench: error: --merge needs --report OUT", file=sys.stderr)
+        return 2
+    if a.report and a.merge:
+        from .capacity_live import merge_capacity
+
+        try:
+            merge_capacity(a.report, a.merge)
+        except (ValueError, OSError, KeyError) as exc:
+            print(f"ab_bench: error: {exc}", file=sys.stderr)
+            return 2
+        print((a.report / "table.md").read_text())
+        return 0
     if a.report:
         from .report import rereport
 

@@ -135,3 +135,40 @@ def test_cli_flags_and_report_render(tmp_path):
     assert "superinfer / sglang: 1.40x" in text and "| sglang | 1.000 |" in text and "0.00% (0 / 900)" in text
     cl.plot_capacity(doc, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5) -> Path:
+    """A finished capacity run folder: one repeat per (stock, ours) capacity pair."""
+    runs, results = [], {"sglang": [], "superinfer": []}
+    for k, pair in enumerate(caps):
+        for system, c in zip(("sglang", "superinfer"), pair):
+            runs.append({"system": system, "repeat": k, "capacity_req_s": c, "censored": None, "bracket": (c, c * 1.1)})
+            results[system] += [{**_point(c * f, k, 40, 40 if f <= 1 else 20),
+                                 "recompute": {"recomputed_tokens": 0.0, "prefill_tokens": 900.0}} for f in (1.0, 1.1)]
+    cfg = {"profile": "cpu", "workload": "sharegpt", "argv": [str(path)], "pairs": [["sglang", "superinfer"]],
+           "mode": "capacity", "order": "paired", "class_mix": None,
+           "capacity_grid": {"target": 0.9, "lo": grid_lo, "hi": 4, "growth": 1.4, "resolution": 0.1},
+           "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": len(caps)}
+    path.mkdir()
+    (path / "ab.json").write_text(json.dumps({"config": cfg, "results": results, "capacity_runs": runs, "errors": {}}))
+    return path
+
+
+def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_path, capsys):
+    from superinfer_sgl.bench.cli import main
+
+    a = _run_dir(tmp_path / "a", [(1.0, 1.5), (1.2, 1.5)])
+    b = _run_dir(tmp_path / "b", [(1.0, 1.2)])
+    assert main(["--report", str(tmp_path / "both"), "--merge", str(a), str(b)]) == 0
+    doc = json.loads((tmp_path / "both" / "ab.json").read_text())
+    assert sorted({r["repeat"] for r in doc["capacity_runs"]}) == [0, 1, 2]
+    assert sorted({p["repeat"] for p in doc["results"]["sglang"]}) == [0, 1, 2]  # each search keeps its points
+    pair = doc["capacity"]["pairs"][0]
+    assert pair["per_repeat"] == pytest.approx([1.5, 1.25, 1.2])
+    assert doc["config"]["repeats"] == 3 and len(doc["config"]["merged_from"]) == 2
+    assert "pooled:" in (tmp_path / "both" / "table.md").read_text()
+    # a run on another grid measured another capacity: refused, with the reason
+    c = _run_dir(tmp_path / "c", [(1.0, 1.2)], grid_lo=0.7)
+    assert main(["--report", str(tmp_path / "bad"), "--merge", str(a), str(c)]) == 2
+    assert "capacity_grid" in capsys.readouterr().err
+    assert main(["--merge", str(a)]) == 2
