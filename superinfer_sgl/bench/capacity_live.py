@@ -297,7 +297,8 @@ MERGE_KEYS = ("profile", "workload", "slo_default", "num_requests", "capacity_gr
 def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """Pool the repeats of finished capacity runs (`--report OUT --merge DIR ...`) into one report
     in out_dir: later runs' repeats are numbered after the earlier ones', so every search keeps
-    its own points; the statistics are then recomputed over all repeats (`rereport_capacity`)."""
+    its own points (those of a search that did not finish, in a run stopped early, are left out);
+    the statistics are then recomputed over all repeats (`rereport_capacity`)."""
     docs = [json.loads((Path(d) / "ab.json").read_text()) for d in run_dirs]
     first = docs[0]["config"]
     keys = MERGE_KEYS + (("slo_classes",) if first.get("class_mix") else ())
@@ -312,8 +313,10 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
     for d, doc in zip(run_dirs, docs):
         for run in doc["capacity_runs"]:
             merged["capacity_runs"].append({**run, "repeat": run["repeat"] + offset})
+        done = {(run["system"], run["repeat"]) for run in doc["capacity_runs"]}  # a stopped run's last search: left out
         for name, pts in doc["results"].items():
-            merged["results"].setdefault(name, []).extend({**p, "repeat": p.get("repeat", 0) + offset} for p in pts)
+            merged["results"].setdefault(name, []).extend(
+                {**p, "repeat": p.get("repeat", 0) + offset} for p in pts if (name, p.get("repeat", 0)) in done)
         merged["errors"] |= {f"{d}: {k}": v for k, v in (doc.get("errors") or {}).items()}
         offset += 1 + max((run["repeat"] for run in doc["capacity_runs"]), default=-1)
     merged["config"] = {**first, "repeats": offset, "merged_from": [

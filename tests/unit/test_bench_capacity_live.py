@@ -159,10 +159,14 @@ def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_pat
 
     a = _run_dir(tmp_path / "a", [(1.0, 1.5), (1.2, 1.5)])
     b = _run_dir(tmp_path / "b", [(1.0, 1.2)])
+    stopped = json.loads((b / "ab.json").read_text())  # stopped during its second search
+    stopped["results"]["sglang"].append(_point(9.0, 1, 40, 40))
+    (b / "ab.json").write_text(json.dumps(stopped))
     assert main(["--report", str(tmp_path / "both"), "--merge", str(a), str(b)]) == 0
     doc = json.loads((tmp_path / "both" / "ab.json").read_text())
     assert sorted({r["repeat"] for r in doc["capacity_runs"]}) == [0, 1, 2]
     assert sorted({p["repeat"] for p in doc["results"]["sglang"]}) == [0, 1, 2]  # each search keeps its points
+    assert all(p["rate"] != 9.0 for p in doc["results"]["sglang"])  # the unfinished search's point is not
     pair = doc["capacity"]["pairs"][0]
     assert pair["per_repeat"] == pytest.approx([1.5, 1.25, 1.2])
     assert doc["config"]["repeats"] == 3 and len(doc["config"]["merged_from"]) == 2
