@@ -99,8 +99,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
+PORT_TRIES = 3  # a free port can be taken before the server binds it (another server's internal ports)
+BIND_FAILED = "error while attempting to bind on address"  # uvicorn's; the launcher then hangs on
+
+
 def start_server(args: list[str], log_path: Path, *, stock: bool = False,
                  env: dict[str, str] | None = None, port: int | None = None) -> Server:
+    """Start a server and wait until it has served SGLang's warmup request. A port picked here
+    (`port` None) that another process took before the server bound it is picked again."""
+    for attempt in range(PORT_TRIES):
+        try:
+            return _start_server(args, log_path, stock=stock, env=env, port=port)
+        except RuntimeError as exc:
+            if port is not None or BIND_FAILED not in str(exc) or attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_server(args: list[str], log_path: Path, *, stock: bool,
+                  env: dict[str, str] | None, port: int | None) -> Server:
     port = port or free_port()  # a given port: e.g. a restart where a crashed server served
     module = "sglang.launch_server" if stock else "superinfer_sgl.launch_server"
     cmd = [sys.executable, "-m", module, "--port", str(port), *args]
@@ -110,7 +127,8 @@ def start_server(args: list[str], log_path: Path, *, stock: bool = False,
     server = Server(proc, port, log_path)
     deadline = time.time() + STARTUP_TIMEOUT_S
     while time.time() < deadline:
-        if proc.poll() is not None:
+        if proc.poll() is not None or BIND_FAILED in server.log():
+            server.stop()  # the launcher may linger after its HTTP server failed to bind
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
         try:
             ready = "ready to roll" in server.log()  # printed after SGLang's warmup request
