@@ -100,7 +100,9 @@ def _alive(pid: int) -> bool:
 
 
 PORT_TRIES = 3  # a free port can be taken before the server binds it (another server's internal ports)
-BIND_FAILED = "error while attempting to bind on address"  # uvicorn's; the launcher then hangs on
+# The port was taken: found by our launcher's check (it exits 2), or after it, by uvicorn's bind
+# (the launcher then hangs until the startup timeout).
+PORT_TAKEN = ("is already in use (pick another with --port)", "error while attempting to bind on address")
 
 
 def start_server(args: list[str], log_path: Path, *, stock: bool = False,
@@ -111,7 +113,7 @@ def start_server(args: list[str], log_path: Path, *, stock: bool = False,
         try:
             return _start_server(args, log_path, stock=stock, env=env, port=port)
         except RuntimeError as exc:
-            if port is not None or BIND_FAILED not in str(exc) or attempt == PORT_TRIES - 1:
+            if port is not None or not any(m in str(exc) for m in PORT_TAKEN) or attempt == PORT_TRIES - 1:
                 raise
     raise AssertionError("unreachable")
 
@@ -127,7 +129,7 @@ def _start_server(args: list[str], log_path: Path, *, stock: bool,
     server = Server(proc, port, log_path)
     deadline = time.time() + STARTUP_TIMEOUT_S
     while time.time() < deadline:
-        if proc.poll() is not None or BIND_FAILED in server.log():
+        if proc.poll() is not None or PORT_TAKEN[1] in server.log():
             server.stop()  # the launcher may linger after its HTTP server failed to bind
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
         try:
