@@ -248,7 +248,8 @@ def comparisons_markdown(comps: Sequence[Mapping[str, Any]]) -> str:
         rows = [c for c in comps if (c["a"], c["b"]) == (a, b)]
         classes = sorted({k for c in rows for k in c["diffs"] if k.startswith("joint_attainment[")})
         head = ["rate req/s", "repeats", "n", "joint Δ pts", "request CI", "repeat CI", "TTFT Δ pts (CI)",
-                "TBT gaps Δ pts (CI)", "out tok/s B/A (CI)", *(f"{k[17:-1]} joint Δ (CI)" for k in classes)]
+                "TBT gaps Δ pts (CI)", "out tok/s B/A (CI)", "median TTFT B/A (CI)", "median TPOT B/A (CI)",
+                *(f"{k[17:-1]} joint Δ (CI)" for k in classes)]
         lines += [f"**{b} - {a}** (95% intervals: request = paired bootstrap over requests of all repeats, "
                   "repeat = t interval over per-repeat differences)", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -260,10 +261,44 @@ def comparisons_markdown(comps: Sequence[Mapping[str, Any]]) -> str:
                      f"{d['ttft_attainment']['estimate']:+.1f} {_ci(d['ttft_attainment']['request_ci'], 'pts')}",
                      f"{d['tbt_gap_attainment']['estimate']:+.1f} {_ci(d['tbt_gap_attainment']['request_ci'], 'pts')}",
                      f"{d['output_throughput']['estimate']:.3f} {_ci(d['output_throughput']['repeat_ci'], 'x')}",
+                     *(_ratio_cell(d.get(k)) for k in ("ttft_p50", "tpot_p50")),
                      *(f"{d[k]['estimate']:+.1f} {_ci(d[k]['request_ci'], 'pts')}" for k in classes)]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", verdict_line(rows), ""]
+        lines += ["", verdict_line(rows), "", parity_line(rows), ""]
     return "\n".join(lines) + "\n"
+
+
+def _ratio_cell(d: Mapping[str, Any] | None) -> str:
+    """B / A with the request-level (bootstrap) interval, else the repeat one."""
+    if d is None or d["estimate"] != d["estimate"]:  # absent, or NaN: no matched values
+        return "-"
+    return f"{d['estimate']:.3f} {_ci(d['request_ci'] or d['repeat_ci'], 'x')}"
+
+
+PARITY_TOLERANCE = 0.02  # issue 35 item 4: no more than 2% worse than stock where nothing is overloaded
+# (key, label, +1: higher is worse (a time), -1: lower is worse (throughput))
+PARITY_METRICS = (("ttft_p50", "median TTFT", 1), ("tpot_p50", "median TPOT", 1),
+                  ("output_throughput", "throughput", -1))
+
+
+def parity_line(rows: Sequence[Mapping[str, Any]], tol: float = PARITY_TOLERANCE) -> str:
+    """Per rate, B's median TTFT, median TPOT and throughput against A's (pooled ratios): "ok"
+    when B is at most `tol` worse, "better" when it is more than `tol` better, "TAX" otherwise.
+    Meaningful where neither system is overloaded; the table's intervals say how sure."""
+    a, b = rows[0]["a"], rows[0]["b"]
+    parts = []
+    for c in rows:
+        cells = []
+        for key, label, worse in PARITY_METRICS:
+            d = c["diffs"].get(key)
+            if d is None or d["estimate"] != d["estimate"]:
+                continue
+            change = worse * (d["estimate"] - 1)  # > 0: B is worse
+            word = "TAX" if change > tol else ("better" if change < -tol else "ok")
+            cells.append(f"{label} {100 * (d['estimate'] - 1):+.1f}% ({word})")
+        parts.append(f"{c['rate']:g} req/s: " + ", ".join(cells))
+    return (f"Parity ({b} / {a}, pooled; ok = at most {100 * tol:g}% worse; meaningful below capacity): "
+            + "; ".join(parts) + ".")
 
 
 def verdict_line(rows: Sequence[Mapping[str, Any]]) -> str:

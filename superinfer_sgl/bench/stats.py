@@ -119,6 +119,37 @@ def gap_diff(a_runs: Sequence[tuple[np.ndarray, np.ndarray]], b_runs: Sequence[t
     return Diff("tbt_gap_attainment", est, _bootstrap(tuple(cols), _share_diff, seed), _t_interval(per), per, 0.0)
 
 
+def _median_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(b, axis=axis) / np.median(a, axis=axis)
+
+
+def median_ratio(metric: str, a_runs: Sequence[np.ndarray], b_runs: Sequence[np.ndarray], seed: int = 0) -> Diff:
+    """A per-request time (TTFT, TPOT) of matched requests: B's median / A's median, pooled over
+    repeats, with the paired bootstrap over requests and the t interval of the per-repeat ratios.
+    NaN marks a request with no value on either side (failed, or one output token): such pairs
+    are left out on both sides, so the two medians stay over the same requests."""
+    keep = [~(np.isnan(a) | np.isnan(b)) for a, b in zip(a_runs, b_runs)]
+    a_runs = [a[k] for a, k in zip(a_runs, keep)]
+    b_runs = [b[k] for b, k in zip(b_runs, keep)]
+    per = tuple(float(_median_ratio(a, b)) for a, b in zip(a_runs, b_runs) if a.size and np.median(a) > 0)
+    a, b = np.concatenate(a_runs), np.concatenate(b_runs)
+    if a.size == 0 or np.median(a) <= 0:
+        return Diff(metric, float("nan"), None, None, per, 1.0)
+    return Diff(metric, float(_median_ratio(a, b)), _bootstrap((a, b), _median_ratio, seed), _t_interval(per), per, 1.0)
+
+
+def ttft_ms(req: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """TTFT per request (ms); NaN where the request failed."""
+    return np.array([float(t) if ok else np.nan for ok, t in zip(req["success"], req["ttft_ms"])])
+
+
+def tpot_ms(req: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """Mean inter-token time per request (ms): (E2E - TTFT) / (outputs - 1); NaN where it failed
+    or produced a single token."""
+    return np.array([(float(e) - float(t)) / (n - 1) if ok and n > 1 else np.nan
+                     for ok, t, e, n in zip(req["success"], req["ttft_ms"], req["e2e_ms"], req["output_len"])])
+
+
 def ratio(metric: str, a_values: Sequence[float], b_values: Sequence[float]) -> Diff:
     """A per-run figure (output tokens/s): B / A per repeat, the mean ratio and its t interval."""
     per = tuple(b / a for a, b in zip(a_values, b_values) if a > 0)
@@ -140,7 +171,11 @@ def compare_runs(a_points: Sequence[Mapping[str, Any]], b_points: Sequence[Mappi
         "tbt_gap_attainment": gap_diff([gaps(r) for r in ra], [gaps(r) for r in rb], seed),
         "output_throughput": ratio("output_throughput", [p["summary"]["output_throughput_tps"] for p in a_points],
                                    [p["summary"]["output_throughput_tps"] for p in b_points]),
+        # the no-overload parity figures (issue 35 item 4: within 2% of stock below half its capacity)
+        "ttft_p50": median_ratio("ttft_p50", [ttft_ms(r) for r in ra], [ttft_ms(r) for r in rb], seed),
     }
+    if all("e2e_ms" in r and "output_len" in r for r in ra + rb):
+        out["tpot_p50"] = median_ratio("tpot_p50", [tpot_ms(r) for r in ra], [tpot_ms(r) for r in rb], seed)
     classes = sorted({c for r in ra for c in r.get("slo_class", []) if c is not None})
     for cls in classes:
         pick = [np.array([c == cls for c in r["slo_class"]]) for r in ra]

@@ -53,12 +53,14 @@ def test_pin_moves_every_thread_of_a_process() -> None:
     assert pin([proc.pid], a) == 0  # a process that is gone: nothing to pin, no error
 
 
-def _run(joint: list[bool], ttft_ms: float = 100.0, classes: list[str] | None = None, tput: float = 10.0) -> dict:
+def _run(joint: list[bool], ttft_ms: float = 100.0, classes: list[str] | None = None, tput: float = 10.0,
+         tpot_ms: float = 50.0) -> dict:
     n = len(joint)
+    ttft = [ttft_ms if j else 5000.0 for j in joint]
     return {"summary": {"output_throughput_tps": tput},
-            "requests": {"success": [True] * n, "ttft_ms": [ttft_ms if j else 5000.0 for j in joint],
-                         "ttft_slo_ms": [1000.0] * n, "gaps_met": [9] * n, "n_gaps": [9] * n,
-                         "slo_class": classes or [None] * n}}
+            "requests": {"success": [True] * n, "ttft_ms": ttft, "e2e_ms": [t + 9 * tpot_ms for t in ttft],
+                         "output_len": [10] * n, "ttft_slo_ms": [1000.0] * n, "gaps_met": [9] * n,
+                         "n_gaps": [9] * n, "slo_class": classes or [None] * n}}
 
 
 def test_a_clear_gain_excludes_zero_and_equal_runs_do_not() -> None:
@@ -98,6 +100,37 @@ def test_per_class_and_throughput_ratio() -> None:
     assert ratio("x", [10.0], [9.0]).repeat_ci is None  # one repeat: no run-level interval
     p = pooled(b)
     assert p["runs"] == 2 and p["n"] == 80 and p["joint_attainment"] == 1.0 and p["joint_by_class"]["batch"] == 1.0
+
+
+def test_median_ratios_of_matched_requests_and_the_parity_line() -> None:
+    """Median TTFT and TPOT of B over A's, over the requests both completed: a uniformly 5% slower
+    B reads 1.05 with an interval around it, and the parity line calls it a tax (over 2% worse)."""
+    rng = np.random.default_rng(1)
+    a, b = [], []
+    for _ in range(3):
+        ttft = rng.uniform(100, 900, 60)
+        ra, rb = _run([True] * 60, tpot_ms=40.0), _run([True] * 60, tpot_ms=40.0 * 1.01)
+        ra["requests"]["ttft_ms"], rb["requests"]["ttft_ms"] = list(ttft), list(1.05 * ttft)
+        for r in (ra, rb):
+            r["requests"]["e2e_ms"] = [t + 9 * (40.0 if r is ra else 40.4) for t in r["requests"]["ttft_ms"]]
+        rb["requests"]["success"][0] = False  # a failure on one side drops that pair from both medians
+        a.append(ra)
+        b.append(rb)
+    d = compare_runs(a, b)
+    assert d["ttft_p50"].estimate == pytest.approx(1.05) and d["ttft_p50"].null == 1.0
+    assert d["ttft_p50"].request_ci[0] <= 1.05 <= d["ttft_p50"].request_ci[1]
+    assert d["tpot_p50"].estimate == pytest.approx(1.01)
+    rows = [{"a": "sglang", "b": "superinfer", "rate": 0.5, "repeats": [0, 1, 2], "n_per_system": 180, "diffs": {k: v.to_dict() for k, v in d.items()}}]
+    line = comparisons_markdown(rows)
+    assert "median TTFT +5.0% (TAX)" in line and "median TPOT +1.0% (ok)" in line
+    assert "throughput +0.0% (ok)" in line
+    for r in b:  # B's first tokens 10% sooner than before (its later tokens as before): not a tax
+        q = r["requests"]
+        q["e2e_ms"] = [e - 0.1 * t for t, e in zip(q["ttft_ms"], q["e2e_ms"])]
+        q["ttft_ms"] = [0.9 * t for t in q["ttft_ms"]]
+    d = compare_runs(a, b)
+    rows = [{**rows[0], "diffs": {k: v.to_dict() for k, v in d.items()}}]
+    assert "median TTFT -5.5% (better)" in comparisons_markdown(rows)  # 1.05 x 0.9
 
 
 @settings(max_examples=25, deadline=None)
