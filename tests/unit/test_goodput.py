@@ -428,19 +428,3 @@ def test_the_step_cap_only_ever_lowers_and_keeps_the_floor(views: list[ReqView],
         assert tbt_cap is None or d.prefill_cap <= tbt_cap
     else:
         assert tbt_cap is None
-
-
-def test_mix_prefill_protect_mixes_only_for_a_running_request_that_needs_it() -> None:
-    """--mix-prefill protect: the prefill rides with the decode batch when the prefill cap protects
-    a running request, or while a restored request is queued; otherwise it runs alone (stock's
-    step). "always" (the default) mixes every step, as before."""
-    from superinfer_sgl.rotasched.planner import mixes, plan_step
-
-    tight, roomy, w = running("t", 1.0, misses_left=0, tbt=0.1), running("r", 1.0, misses_left=5), waiting("w", 0.1)
-    for views, protected in (([tight, w], True), ([roomy, w], False), ([w], False)):
-        d = plan_step(views, 100, 0, NOW, P, GoodputLvf(GP), False, "protect")
-        assert d.mix is protected and mixes(d, []) is protected
-        assert mixes(d, ["restored"])  # a resume's one-token extend rides along
-        assert plan_step(views, 100, 0, NOW, P, GoodputLvf(GP), False).mix  # "always"
-    # the paper policy caps nothing: under protect it never asks for a mixed step of its own
-    assert not plan_step([tight, w], 100, 0, NOW, P, PAPER, False, "protect").mix

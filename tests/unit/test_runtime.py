@@ -134,30 +134,6 @@ def test_the_decisions_prefill_cap_is_the_steps_chunk_size() -> None:
     assert seen == [96, 512, 99] and rt.sched.chunked_prefill_size == 512  # restored after the step
 
 
-def test_a_decision_not_to_mix_turns_sglangs_mixed_chunk_off_for_that_call_only() -> None:
-    """--mix-prefill protect: `Decision.mix` False makes SGLang's call prefill alone (its
-    `is_mixed_chunk`, read only inside get_new_batch_prefill, off for the call and restored after
-    it; the decode rows are then not charged to the chunk either); a queued restored request
-    keeps the step mixed (its resume's extend rides along)."""
-    rt = make_runtime(waiting=[FakeReq("a")])
-    seen: list[tuple[bool, int]] = []
-
-    def original(sched: Any, running_batch: Any) -> None:
-        seen.append((sched.is_mixed_chunk, sched.chunked_prefill_size))
-
-    rt.sched.is_mixed_chunk = True
-    batch = FakeBatch([FakeReq("r1"), FakeReq("r2")])
-    rt._decision = Decision(prefill_cap=96, mix=False)
-    rt._admit_in_order(original, rt.sched, batch, [])
-    assert rt.sched.is_mixed_chunk is True  # restored
-    rt._decision = Decision(prefill_cap=96)
-    rt._admit_in_order(original, rt.sched, batch, [])
-    rt.store.resume_locks["a"] = object()  # a restored request is queued
-    rt._decision = Decision(prefill_cap=96, mix=False)
-    rt._admit_in_order(original, rt.sched, batch, [])
-    assert seen == [(False, 96), (True, 98), (True, 98)]
-
-
 def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
     rt = make_runtime()
     r = FakeReq("x")
