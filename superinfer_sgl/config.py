@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
-from .rotasched.planner import MIX_MODES
 from .rotasched.planner import POLICIES as _POLICY_REGISTRY
 from .rotasched.slo import DEFAULT_SLO, ROTARY_KV_DTYPES
 from .rotasched.vlt import VltParams
@@ -107,9 +106,6 @@ class SuperInferConfig:
     eager_sync: bool | None = None
     prefetch: bool = True
     mixed_resume: bool = True
-    # With mixed chunk on: "always" mixes every prefill into the decode batch; "protect" only when
-    # a running request needs it (rotasched.planner.mixes).
-    mix_prefill: str = "always"
     prefix_cache: str = "radix"
     # With --prefix-cache predictive: host tokens for demoted prefixes (integration/prefix_host.py);
     # 0: off; None (auto): as many tokens as the device KV pool, within an eighth of the free RAM.
@@ -309,12 +305,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
                         "one-token extend rides along with the decode batch instead of stalling it")
-    g.add_argument("--mix-prefill", choices=MIX_MODES, default=d.mix_prefill,
-                   help="with mixed chunked prefill on (--mixed-resume): always (default) lets every "
-                        "prefill ride with the decode batch; protect only when a running request's "
-                        "TBT SLO needs the policy's prefill cap or a resume rides along, else the "
-                        "prefill runs alone as in stock SGLang (on a CPU a mixed step delays first "
-                        "tokens: docs/results.md)")
     g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default=d.prefix_cache,
                    help="radix (default): SGLang's radix cache, evicting by --radix-eviction-policy; "
                         "predictive: the same tree (on SGLang's Python tree core) evicting by each "

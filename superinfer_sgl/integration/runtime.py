@@ -161,7 +161,7 @@ class RotaSchedRuntime:
     def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
         return planner.plan_step(queue, free, self.budget, now, self.params,
-                                 policy, self.sched.chunked_req is not None, self.cfg.mix_prefill)
+                                 policy, self.sched.chunked_req is not None)
 
     # ---- rotate ------------------------------------------------------------------------------
     def _forced(self, live: list[Any], chosen: list[Any]) -> list[Any]:
@@ -244,19 +244,14 @@ class RotaSchedRuntime:
         before = list(sched.waiting_queue)
         offered = {id(r) for r in order}
         configured = sched.chunked_prefill_size
-        mixed = getattr(sched, "is_mixed_chunk", None)  # SGLang reads it only in this call
         try:
             sched.waiting_queue = list(order)
-            if mixed and not planner.mixes(self._decision, list(self.store.resume_locks)):
-                sched.is_mixed_chunk = False  # --mix-prefill protect: nobody running needs it
             # the policy's prefill cap: this step's chunk size, lowered so the step keeps tight TBT SLOs
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
             sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
             plan = original(sched, running_batch)
         finally:
             sched.chunked_prefill_size = configured
-            if mixed is not None:
-                sched.is_mixed_chunk = mixed
             after = sched.waiting_queue
             kept = {id(r) for r in after}
             admitted = [r for r in order if id(r) not in kept]

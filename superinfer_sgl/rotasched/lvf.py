@@ -44,10 +44,6 @@ class Decision:
     # The most prefill tokens this iteration may carry (the policy's `step_cap`: the executor's
     # chunk size for this step, if smaller than the configured one); None: the configured size.
     prefill_cap: int | None = None
-    # Whether this iteration's prefill should ride with the decode batch (SGLang's mixed chunk,
-    # where the server enables it). False only under `plan_step(mix="protect")` when nothing
-    # running needs it: the policy's prefill cap protects nobody and nobody resumes.
-    mix: bool = True
 
     def __post_init__(self) -> None:
         moved = self.admit + self.resume + self.rotate_out

@@ -59,20 +59,14 @@ def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> flo
     return POLICIES[policy].quantum_s(rotation_s)
 
 
-MIX_MODES = ("always", "protect")
-
-
 def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blocks: int, now: float,
-              params: VltParams, policy: LvfPolicy, chunked_active: bool, mix: str = "always") -> Decision:
+              params: VltParams, policy: LvfPolicy, chunked_active: bool) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
     policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
     known). `views`: a flat list, or the server's `StepQueue` (its pending index kept between
-    steps). `mix` (--mix-prefill): "always" lets every prefill ride with the decode batch;
-    "protect" only when a running request needs it (`Decision.mix`, `mixes`)."""
-    assert mix in MIX_MODES, mix
+    steps)."""
     queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
     cap = policy.prefill_cap(queue.running)
-    protects = cap is not None  # a running request's TBT needs this step's prefill capped and mixed
     if cap is not None:
         policy = policy.capped(cap)
     decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy)
@@ -83,18 +77,7 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     cap = policy.step_cap(queue.running, admitted, now, cap)
     if cap is not None:
         decision = dataclasses.replace(decision, prefill_cap=cap)
-    if mix == "protect" and not protects and not decision.resume:
-        decision = dataclasses.replace(decision, mix=False)
     return decision
-
-
-def mixes(decision: Decision, restored: Sequence[str]) -> bool:
-    """Whether this step's prefill rides with the decode batch: as the decision says, and always
-    while restored requests are queued (a resume's one-token extend stalls nobody only mixed).
-    Not mixing is stock SGLang's step: the running requests wait one prefill for their next token,
-    which nobody with a gap to spare minds, while a mixed step's first tokens come later (on a
-    CPU: docs/results.md, "CPU A/B below capacity")."""
-    return decision.mix or bool(restored)
 
 
 def chunk_tokens(configured: int | None, decision: Decision, mixed_rows: int = 0) -> int | None:

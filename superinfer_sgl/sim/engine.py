@@ -120,7 +120,7 @@ class Simulator:
         self._apply(plan)
         batch = self._admit(plan.admit, plan.chunk_tokens)
         tokens, pairs, restored = self._prefill(batch) if batch else (0, 0.0, 0)
-        decoding = self._decode() if not batch or (self.config.mixed_chunk and plan.mix) else []
+        decoding = self._decode() if not batch or self.config.mixed_chunk else []
         if batch and decoding:
             self._mark_mixed(decoding)
         context = sum([r.kv for r in decoding])

@@ -19,8 +19,6 @@ class SimConfig:
     drain_s: float = 1800.0  # simulated time allowed after the last arrival
     lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
     mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
-    # Our policies with mixed_chunk: the server's --mix-prefill (rotasched.planner.mixes).
-    mix_prefill: str = "always"
     # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
     # it has run this long in its current stint. 0: the paper's rule; None: the policy's default
     # (rotasched.planner.quantum_s), as the server's.

@@ -180,7 +180,7 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     share = float(reserve) if reserve not in (None, "auto") else (
         1.0 if str(cfg.get("date_utc", "")) < RUNNING_RESERVE_SINCE else None)
     return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum,
-                     running_reserve=share, mix_prefill=flag_value(cmd, "--mix-prefill") or "always")
+                     running_reserve=share)
 
 
 def served_policy(cfg: dict, system: str) -> str:

@@ -58,7 +58,6 @@ class Plan:
     retract: list[SimReq] = field(default_factory=list)  # RUNNING -> WAITING, recomputed later
     sched_s: float = 0.0  # CPU time of the decision, added to the iteration
     chunk_tokens: int | None = None  # this step's chunked-prefill size, if lower than the server's
-    mix: bool = True  # with SimConfig.mixed_chunk: this step's prefill also decodes the running batch
 
 
 @dataclass(frozen=True, slots=True)
