@@ -86,8 +86,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-attention", choices=("0", "1"),
                    help="SUPERINFER_CPU_ATTENTION for every system alike (1: our batched CPU attention behind "
                         "torch_native, 0: SGLang's own torch_native); default: profile's")
-    p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
-    p.add_argument("--our-args", default="", help="extra flags for our server only (one string)")
+    # (a value that starts with "--" must be attached: --our-args=--no-mixed-resume, or argparse
+    # reads it as an option of its own and refuses the command)
+    p.add_argument("--server-args", default="",
+                   help="extra flags for every server (one string; --server-args='--flag value')")
+    p.add_argument("--our-args", default="",
+                   help="extra flags for our server only (one string; --our-args='--flag value')")
     p.add_argument("--out", type=Path, help="output folder (default: results/ab_<profile>_<workload>)")
     p.add_argument("--capacity", action="store_true",
                    help="search each system's SLO capacity (highest rate with >= 90%% of requests meeting both "
