@@ -164,7 +164,8 @@ def _scheduler(running: list[Any], waiting: list[Any], model_path: str) -> tuple
         dynamic_chunk_sizer=None, tp_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None)),
         page_size=1, tree_cache=tree, token_to_kv_pool_allocator=alloc,
         new_token_ratio_tracker=SimpleNamespace(current=RATIO), max_prefill_tokens=16384,
-        chunked_prefill_size=8192, is_mixed_chunk=False, priority_scheduling_preemption_threshold=10,
+        # mixed chunk on, as our launcher starts RotaSched: the goodput policy's TBT cap is planned
+        chunked_prefill_size=8192, is_mixed_chunk=True, priority_scheduling_preemption_threshold=10,
         max_prefill_bs=1 << 30, max_running_requests=1 << 20, dllm_config=None, enable_lora=False,
         enable_hicache_storage=False, enable_lmcache=False, truncation_align_size=None,
         max_total_num_tokens=held + SLACK_TOKENS, last_batch=None, tp_rank=0, tp_size=1, enable_overlap=False,

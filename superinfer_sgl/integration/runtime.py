@@ -160,8 +160,8 @@ class RotaSchedRuntime:
 
     def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
-        return planner.plan_step(queue, free, self.budget, now, self.params,
-                                 policy, self.sched.chunked_req is not None)
+        return planner.plan_step(queue, free, self.budget, now, self.params, policy,
+                                 self.sched.chunked_req is not None, bool(getattr(self.sched, "is_mixed_chunk", False)))
 
     # ---- rotate ------------------------------------------------------------------------------
     def _forced(self, live: list[Any], chosen: list[Any]) -> list[Any]:

@@ -60,13 +60,16 @@ def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> flo
 
 
 def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blocks: int, now: float,
-              params: VltParams, policy: LvfPolicy, chunked_active: bool) -> Decision:
+              params: VltParams, policy: LvfPolicy, chunked_active: bool, mixed: bool = True) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
     policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
     known). `views`: a flat list, or the server's `StepQueue` (its pending index kept between
-    steps)."""
+    steps). `mixed`: the server lets prefills ride with the decode batch (SGLang's mixed chunk).
+    Without it SGLang runs a prefill alone and the next chunk of a split prompt before any decode,
+    so the running requests wait for the whole prompt however it is chunked: the TBT cap would
+    protect nobody and only add steps. It is left out then; `step_cap`'s TTFT deadlines stay."""
     queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
-    cap = policy.prefill_cap(queue.running)
+    cap = policy.prefill_cap(queue.running) if mixed else None
     if cap is not None:
         policy = policy.capped(cap)
     decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy)

@@ -306,6 +306,12 @@ def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
     # running requests still leave the step 70 prefill tokens (never a zero or negative chunk)
     assert chunk_tokens(512, d, mixed_rows=100) == 170 and chunk_tokens(150, d, mixed_rows=100) == 150
     assert plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, PAPER, False).prefill_cap is None
+    # a server that runs prefills alone (no mixed chunk) stalls the decodes for the whole prompt,
+    # chunked or not: no TBT cap then, the step sized as with nobody running (by first-token deadlines)
+    w = waiting("w", 0.1)
+    alone = plan_step([tight, w], 100, 0, NOW, P, GoodputLvf(GP), False, mixed=False)
+    assert alone.admit == ("w",) and alone.prefill_cap == plan_step([w], 100, 0, NOW, P, GoodputLvf(GP), False).prefill_cap
+    assert alone.prefill_cap > 70
 
 
 def test_rotation_budget_is_the_flag_else_one_step_of_the_measured_link_within_the_pool_cap() -> None:

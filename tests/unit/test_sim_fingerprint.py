@@ -35,8 +35,8 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "bc3cc48cd7dc6214a2643ea3f89bc87cb3938de4a0082deb2545316c3215be36",
-    "gh200-qwen2.5-32b/goodput/15": "02e2d7da125bffba41552291c8fd287f8f3be99dcfac4372a01cc3be7846cbdf",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "61eb358e7c28c1376b0dd14e3592b129af1573189d2fe8714526b15fea26796e",
+    "gh200-qwen2.5-32b/goodput/15": "2483ac32fec319b306f4a82496cdda885d046213160994ca3799ec3565c6e46f",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }
 CASES = {c[0]: c for c in small_cases()}

@@ -54,7 +54,8 @@ class RotaSched(Policy):
         views = self._views(sim)
         free = free_blocks(sim.free_tokens, self._running_reserve(sim), cfg.block_tokens)
         policy = self.policy_class.for_step(lambda: self._goodput(sim))
-        d = plan_step(self._queue(views), free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None)
+        d = plan_step(self._queue(views), free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None,
+                      cfg.mixed_chunk)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
