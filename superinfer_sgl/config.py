@@ -304,7 +304,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "into device memory no one else needs this iteration (one request at a time)")
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
-                        "one-token extend rides along with the decode batch instead of stalling it")
+                        "one-token extend rides along with the decode batch instead of stalling it; every "
+                        "prefill rides along then: the running requests keep their pace, a new request's "
+                        "first token comes a little later (docs/results.md, CPU A/B below capacity)")
     g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default=d.prefix_cache,
                    help="radix (default): SGLang's radix cache, evicting by --radix-eviction-policy; "
                         "predictive: the same tree (on SGLang's Python tree core) evicting by each "

@@ -283,7 +283,7 @@ def rereport_capacity(out_dir: Path) -> dict[str, Any]:
     doc["capacity"] = summarize(doc["capacity_runs"], [tuple(p) for p in doc["config"].get("pairs") or []],
                                 doc["results"])
     doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
-    (out_dir / "ab.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out_dir / "ab.json").write_text(_compact(doc))
     plot_capacity(doc, out_dir / "capacity.png")
     (out_dir / "table.md").write_text(render_capacity(doc))
     return doc
@@ -324,8 +324,14 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
          "git_commit": (doc["config"].get("machine") or {}).get("git_commit")} for d, doc in zip(run_dirs, docs)]}
     merged["wall_s"] = sum(doc.get("wall_s", 0.0) for doc in docs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ab.json").write_text(json.dumps(merged, indent=1, default=str))
+    (out_dir / "ab.json").write_text(_compact(merged))
     return rereport_capacity(out_dir)
+
+
+def _compact(doc: dict[str, Any]) -> str:
+    """ab.json without indentation: a pooled run holds every point's per-request figures, and a
+    tracked file stays under 1 MiB (tests/unit/test_repo_size.py)."""
+    return json.dumps(doc, separators=(",", ":"), default=str) + "\n"
 
 
 # ---- report --------------------------------------------------------------------------------------
