@@ -176,3 +176,18 @@ def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_pat
     assert main(["--report", str(tmp_path / "bad"), "--merge", str(a), str(c)]) == 2
     assert "capacity_grid" in capsys.readouterr().err
     assert main(["--merge", str(a)]) == 2
+
+
+def test_compact_ab_json_keeps_request_figures_to_a_tenth_of_a_millisecond() -> None:
+    # a pooled capacity run is tracked: its per-request columns are written at 0.1 ms, whole numbers
+    # without ".0"; flags, counts, missing values and the summary's floats are left as they are
+    point = {"rate": 1.0669, "requests": {"success": [True, False], "ttft_ms": [899.666, 2100.04],
+                                          "ttft_slo_ms": [2100.0, 2100.0], "n_gaps": [22, 0],
+                                          "e2e_ms": [float("nan"), 12.25], "slo_class": [None, "a"]}}
+    doc = json.loads(cl._compact({"results": {"sglang": [point]}, "capacity": {"mean": 1.23456789}}))
+    (got,) = doc["results"]["sglang"]
+    assert got["rate"] == 1.0669 and doc["capacity"]["mean"] == 1.23456789
+    req = got["requests"]
+    assert req["success"] == [True, False] and req["n_gaps"] == [22, 0] and req["slo_class"] == [None, "a"]
+    assert req["ttft_ms"] == [899.7, 2100] and req["ttft_slo_ms"] == [2100, 2100]
+    assert req["e2e_ms"][1] == 12.2 and req["e2e_ms"][0] != req["e2e_ms"][0]  # NaN stays NaN
