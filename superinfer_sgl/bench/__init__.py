@@ -9,6 +9,7 @@ Modules, in the order a run uses them (docs/ab.md describes the method):
   prompts    prompts of exact token lengths from the model's tokenizer, written as `openai` JSONL
   servers    command lines for every system and process-group lifetimes (always stopped)
   rundoc     datasets and schedules on disk; the reproducibility block of ab.json
+  abfile     ab.json on disk: plain, or gzipped (ab.json.gz) past the 1 MiB a tracked file may hold
   kv_pool    every server's KV pool size, read once it is up; the A/B refuses pools that differ
   calibrate  speed probe -> SLOs, rates and request count scaled to the machine (cpu profile)
   client     runs sglang.benchmark.serving with our arrival schedule, reads its per-request output

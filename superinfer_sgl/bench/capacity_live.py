@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..sim.capacity import CapacityGrid, find_capacity
-from . import stats
+from . import abfile, stats
 from .client import ClientError
 from .recompute import pooled_tax
 from .paired import core_halves, pairs_for
@@ -280,11 +280,11 @@ def _pct(draws: np.ndarray) -> tuple[float, float] | None:
 
 def rereport_capacity(out_dir: Path) -> dict[str, Any]:
     """Recompute the summary, table and plot of a finished capacity run from its ab.json."""
-    doc = json.loads((out_dir / "ab.json").read_text())
+    doc = abfile.load(out_dir)
     doc["capacity"] = summarize(doc["capacity_runs"], [tuple(p) for p in doc["config"].get("pairs") or []],
                                 doc["results"])
     doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
-    (out_dir / "ab.json").write_text(_compact(doc))
+    abfile.save_text(out_dir, _compact(doc))
     plot_capacity(doc, out_dir / "capacity.png")
     (out_dir / "table.md").write_text(render_capacity(doc))
     return doc
@@ -300,7 +300,7 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
     in out_dir: later runs' repeats are numbered after the earlier ones', so every search keeps
     its own points (those of a search that did not finish, in a run stopped early, are left out);
     the statistics are then recomputed over all repeats (`rereport_capacity`)."""
-    docs = [json.loads((Path(d) / "ab.json").read_text()) for d in run_dirs]
+    docs = [abfile.load(Path(d)) for d in run_dirs]
     first = docs[0]["config"]
     keys = MERGE_KEYS + (("slo_classes",) if first.get("class_mix") else ())
     for d, doc in zip(run_dirs[1:], docs[1:]):
@@ -320,27 +320,33 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
                 {**p, "repeat": p.get("repeat", 0) + offset} for p in pts if (name, p.get("repeat", 0)) in done)
         merged["errors"] |= {f"{d}: {k}": v for k, v in (doc.get("errors") or {}).items()}
         offset += 1 + max((run["repeat"] for run in doc["capacity_runs"]), default=-1)
+    # A pooled report merged again lists the runs it pooled, not itself.
     merged["config"] = {**first, "repeats": offset, "merged_from": [
-        {"dir": str(d), "argv": doc["config"].get("argv"), "date_utc": doc["config"].get("date_utc"),
-         "git_commit": (doc["config"].get("machine") or {}).get("git_commit")} for d, doc in zip(run_dirs, docs)]}
+        m for d, doc in zip(run_dirs, docs) for m in doc["config"].get("merged_from") or [
+            {"dir": str(d), "argv": doc["config"].get("argv"), "date_utc": doc["config"].get("date_utc"),
+             "git_commit": (doc["config"].get("machine") or {}).get("git_commit")}]]}
     merged["wall_s"] = sum(doc.get("wall_s", 0.0) for doc in docs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ab.json").write_text(_compact(merged))
+    abfile.save_text(out_dir, _compact(merged))
     return rereport_capacity(out_dir)
 
 
 def _compact(doc: dict[str, Any]) -> str:
-    """ab.json without indentation, and each point's per-request figures (`point["requests"]`) at
-    0.1 ms, whole numbers without a decimal point: a pooled run holds every point's requests, and
-    a tracked file stays under 1 MiB (tests/unit/test_repo_size.py). The HTTP client's timings
-    are not finer than that; the summary's figures keep their precision."""
-    for points in doc.get("results", {}).values():
-        for point in points:
-            columns = point.get("requests") or {}
-            for name, column in columns.items():
-                if isinstance(column, list):
-                    columns[name] = [_tenth(x) for x in column]
-    return json.dumps(doc, separators=(",", ":"), default=str) + "\n"
+    """ab.json without indentation, and each point's per-request times (the `*_ms` columns of
+    `point["requests"]`) at 0.1 ms, whole numbers without a decimal point: a pooled run holds every
+    point's requests, and the file stays small (abfile gzips it past 1 MiB, the tracked-file
+    guard). The HTTP client's timings are not finer than that; every other figure keeps its
+    precision. `doc` itself is left as it is."""
+    def point(p: dict[str, Any]) -> dict[str, Any]:
+        columns = p.get("requests")
+        if not isinstance(columns, dict):
+            return p
+        return {**p, "requests": {name: [_tenth(x) for x in col] if name.endswith("_ms") and isinstance(col, list)
+                                  else col for name, col in columns.items()}}
+
+    results = {name: [point(p) for p in pts] for name, pts in (doc.get("results") or {}).items()}
+    return json.dumps({**doc, "results": results} if "results" in doc else doc, separators=(",", ":"),
+                      default=str) + "\n"
 
 
 def _tenth(x: Any) -> Any:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..rotasched.slo import SloError
+from . import abfile
 from .paired import core_halves, pairs_for
 from .planning import build_plan
 from .profiles import DUMMY_SHAPES, PROFILES
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.report:
         from .report import rereport
 
-        if json.loads((a.report / "ab.json").read_text()).get("config", {}).get("mode") == "capacity":
+        if abfile.load(a.report).get("config", {}).get("mode") == "capacity":
             from .capacity_live import rereport_capacity
 
             rereport_capacity(a.report)

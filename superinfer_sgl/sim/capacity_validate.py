@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from superinfer_sgl.bench import abfile
 from superinfer_sgl.bench.workloads import search_arrivals
 from superinfer_sgl.sim import steplog, validate
 from superinfer_sgl.sim.capacity import CapacityGrid, find_capacity
@@ -161,7 +162,7 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
     """The report (see the module's doc). `as_planned`: the planner with its own settings (every
     policy with mixed chunk, `Job`'s defaults) instead of each server's launch flags."""
     ab_path = validate.find_ab(Path(path))
-    doc = json.loads(ab_path.read_text())
+    doc = abfile.load(ab_path)
     cfg = doc["config"]
     if cfg.get("mode") != "capacity":
         raise ValueError(f"{ab_path}: not a capacity run (ab_bench.py --capacity)")

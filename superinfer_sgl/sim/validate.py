@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from superinfer_sgl.bench import abfile
 from superinfer_sgl.launch_checks import flag_value
 from superinfer_sgl.rotasched.planner import rotation_budget
 from superinfer_sgl.sim.engine import SimConfig
@@ -58,9 +59,9 @@ class AbPoint:
 
 
 def find_ab(path: Path) -> Path:
-    """results/ab_cpu.json, a folder holding ab.json, or the ab.json itself."""
+    """results/ab_cpu.json, a folder holding ab.json (or ab.json.gz), or the file itself."""
     if path.is_dir():
-        path = path / "ab.json"
+        path = next((path / n for n in (abfile.PLAIN, abfile.GZIP) if (path / n).is_file()), path / abfile.PLAIN)
     if path.exists():
         return path
     candidates = sorted(path.parent.glob(path.stem + "*/ab.json"))
@@ -275,7 +276,7 @@ def scaled(profile: Profile, scales: dict | None) -> Profile:
 def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None = None,
              rescale: bool = False, step_log_use: str = "trace") -> dict:
     ab_path = find_ab(ab_path)
-    doc = json.loads(ab_path.read_text())
+    doc = abfile.load(ab_path)
     cfg = doc["config"]
     scales = speed_scales(profile, doc.get("calibration")) if rescale else None
     server_limits = dict(kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)

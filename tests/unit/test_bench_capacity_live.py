@@ -179,15 +179,55 @@ def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_pat
 
 
 def test_compact_ab_json_keeps_request_figures_to_a_tenth_of_a_millisecond() -> None:
-    # a pooled capacity run is tracked: its per-request columns are written at 0.1 ms, whole numbers
-    # without ".0"; flags, counts, missing values and the summary's floats are left as they are
+    # a pooled capacity run is tracked: its per-request times are written at 0.1 ms, whole numbers
+    # without ".0"; flags, counts, other floats, missing values and the summary's floats are left as they are
     point = {"rate": 1.0669, "requests": {"success": [True, False], "ttft_ms": [899.666, 2100.04],
-                                          "ttft_slo_ms": [2100.0, 2100.0], "n_gaps": [22, 0],
+                                          "ttft_slo_ms": [2100.0, 2100.0], "n_gaps": [22, 0], "share": [0.12345, 1.0],
                                           "e2e_ms": [float("nan"), 12.25], "slo_class": [None, "a"]}}
-    doc = json.loads(cl._compact({"results": {"sglang": [point]}, "capacity": {"mean": 1.23456789}}))
+    doc_in = {"results": {"sglang": [point]}, "capacity": {"mean": 1.23456789}}
+    doc = json.loads(cl._compact(doc_in))
+    assert doc_in["results"]["sglang"][0]["requests"]["ttft_ms"] == [899.666, 2100.04]  # the caller's doc: as it was
+    assert doc["results"]["sglang"][0]["requests"]["share"] == [0.12345, 1.0]
     (got,) = doc["results"]["sglang"]
     assert got["rate"] == 1.0669 and doc["capacity"]["mean"] == 1.23456789
     req = got["requests"]
     assert req["success"] == [True, False] and req["n_gaps"] == [22, 0] and req["slo_class"] == [None, "a"]
     assert req["ttft_ms"] == [899.7, 2100] and req["ttft_slo_ms"] == [2100, 2100]
     assert req["e2e_ms"][1] == 12.2 and req["e2e_ms"][0] != req["e2e_ms"][0]  # NaN stays NaN
+
+
+def test_a_pooled_report_merges_again_listing_the_runs_it_pooled(tmp_path, capsys):
+    # new repeats are added to a tracked pooled report by merging it with the new runs
+    from superinfer_sgl.bench.cli import main
+
+    a = _run_dir(tmp_path / "a", [(1.0, 1.5), (1.2, 1.5)])
+    b = _run_dir(tmp_path / "b", [(1.0, 1.2)])
+    c = _run_dir(tmp_path / "c", [(0.8, 1.2), (1.0, 1.1)])
+    assert main(["--report", str(tmp_path / "ab"), "--merge", str(a), str(b)]) == 0
+    assert main(["--report", str(tmp_path / "abc"), "--merge", str(tmp_path / "ab"), str(c)]) == 0
+    doc = json.loads((tmp_path / "abc" / "ab.json").read_text())
+    assert [m["dir"] for m in doc["config"]["merged_from"]] == [str(a), str(b), str(c)]
+    assert doc["capacity"]["pairs"][0]["per_repeat"] == pytest.approx([1.5, 1.25, 1.2, 1.5, 1.1])
+    assert doc["config"]["repeats"] == 5
+
+
+def test_a_report_past_the_tracked_file_limit_is_written_gzipped_and_read_back(tmp_path, monkeypatch, capsys):
+    from superinfer_sgl.bench import abfile
+    from superinfer_sgl.bench.cli import main
+
+    a = _run_dir(tmp_path / "a", [(1.0, 1.5), (1.2, 1.5)])
+    b = _run_dir(tmp_path / "b", [(1.0, 1.2)])
+    monkeypatch.setattr(abfile, "MAX_PLAIN_BYTES", 1000)  # these documents are a few kB
+    out = tmp_path / "both"
+    assert main(["--report", str(out), "--merge", str(a), str(b)]) == 0
+    assert not (out / "ab.json").exists() and (out / "ab.json.gz").is_file()
+    gz = (out / "ab.json.gz").read_bytes()
+    assert abfile.load(out)["config"]["repeats"] == 3
+    # --report redoes it from the gzipped file, byte for byte (a fixed gzip header time)
+    assert main(["--report", str(out)]) == 0 and (out / "ab.json.gz").read_bytes() == gz
+    # and a small document goes back to plain JSON, leaving no stale gzipped copy beside it
+    monkeypatch.setattr(abfile, "MAX_PLAIN_BYTES", 2**20)
+    assert main(["--report", str(out)]) == 0
+    assert (out / "ab.json").is_file() and not (out / "ab.json.gz").exists()
+    with pytest.raises(FileNotFoundError, match="no ab.json or ab.json.gz"):
+        abfile.load(tmp_path / "nothing-here")

@@ -1,0 +1,47 @@
+"""Where a run's results document lives: `ab.json`, or `ab.json.gz` once the text outgrows what a
+tracked file may hold (1 MiB, tests/unit/test_repo_size.py). A pooled capacity report keeps every
+point's per-request figures, and thirteen repeats already come to 1 MiB of JSON (a fifth of that
+gzipped). Readers take either name; a write removes the other so a folder never holds two."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+PLAIN, GZIP = "ab.json", "ab.json.gz"
+MAX_PLAIN_BYTES = 2**20 - 2**14  # gzip beyond this: below the tracked-file guard with a margin
+
+
+def find(path: Path) -> Path:
+    """The results file of a run folder (plain first), or `path` itself when it names a file."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    for name in (PLAIN, GZIP):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"no {PLAIN} or {GZIP} at {path}")
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The document of a run folder or results file, gzipped or not."""
+    path = find(path)
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return json.loads(data)
+
+
+def save_text(out_dir: Path, text: str) -> Path:
+    """Write a serialized document to out_dir: plain up to MAX_PLAIN_BYTES, gzipped above (with a
+    fixed header time, so an unchanged document writes the same bytes). Returns the path written."""
+    data = text.encode()
+    name = PLAIN if len(data) <= MAX_PLAIN_BYTES else GZIP
+    path, other = out_dir / name, out_dir / (GZIP if name == PLAIN else PLAIN)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data if name == PLAIN else gzip.compress(data, mtime=0))
+    tmp.replace(path)
+    other.unlink(missing_ok=True)
+    return path
