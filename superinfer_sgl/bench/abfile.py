@@ -1,7 +1,8 @@
 """Where a run's results document lives: `ab.json`, or `ab.json.gz` once the text outgrows what a
 tracked file may hold (1 MiB, tests/unit/test_repo_size.py). A pooled capacity report keeps every
 point's per-request figures, and thirteen repeats already come to 1 MiB of JSON (a fifth of that
-gzipped). Readers take either name; a write removes the other so a folder never holds two."""
+gzipped). Readers take either name; a write removes the other so a folder never holds two.
+`read_json` / `write_json`: any result file, gzipped when its name ends in `.gz`."""
 
 from __future__ import annotations
 
@@ -25,13 +26,27 @@ def find(path: Path) -> Path:
     raise FileNotFoundError(f"no {PLAIN} or {GZIP} at {path}")
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file, gunzipped first when its name ends in `.gz`."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+
+
+def write_json(path: Path, doc: Any, indent: int | None = 1) -> None:
+    """`doc` as JSON at `path`, gzipped (fixed header time) when its name ends in `.gz`."""
+    data = (json.dumps(doc, indent=indent, default=str) + "\n").encode()
+    Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
+
+
+def stem(path: Path) -> Path:
+    """`path` without `.gz`: where files named after a result file go (`stem(p).with_suffix(".png")`)."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix == ".gz" else path
+
+
 def load(path: Path) -> dict[str, Any]:
     """The document of a run folder or results file, gzipped or not."""
-    path = find(path)
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        data = gzip.decompress(data)
-    return json.loads(data)
+    return read_json(find(path))
 
 
 def save_text(out_dir: Path, text: str) -> Path:

@@ -28,6 +28,7 @@ from typing import Any
 
 import requests
 
+from . import abfile
 from .prefix_client import run_workload
 from .prefix_stats import plot, summarize
 from .prefix_workloads import WORKLOADS, conversations, tenants, unique
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     res = run_workload(server.url, kind, work)
                     runs.append({"arm": name, "rep": rep, "kind": kind, "rate": rates[kind],
                                  "started": t_start, **res})
-                    partial = Path(args.out).with_suffix(".partial.json")
+                    partial = abfile.stem(Path(args.out)).with_suffix(".partial.json")
                     partial.write_text(json.dumps({"runs": runs, "args": vars(args)}))
                     print(f"[prefix_ab] rep {rep} {name} {kind}: {len(res['records'])} requests in "
                           f"{res['wall_s']:.0f}s", flush=True)
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/prefix_cache/ab.json")
+    ap.add_argument("--out", default="results/prefix_cache/ab.json", help="result file (gzipped if it ends in .gz)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--arms", default="predictive,lru,lfu,slru,tlru")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -117,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resummarize", help="recompute the summary of an existing result file")
     args = ap.parse_args(argv)
     if args.resummarize:
-        doc = json.loads(Path(args.resummarize).read_text())
+        doc = abfile.read_json(Path(args.resummarize))
         doc["summary"] = summarize(doc["runs"], doc["config"]["ttft_slo_ms"], doc["config"]["tbt_slo_ms"])
-        Path(args.resummarize).write_text(json.dumps(doc, indent=1))
-        plot(doc["summary"], str(Path(args.resummarize).with_suffix(".png")))
+        abfile.write_json(Path(args.resummarize), doc)
+        plot(doc["summary"], str(abfile.stem(Path(args.resummarize)).with_suffix(".png")))
         return 0
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc = run(args)
@@ -131,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{os.cpu_count()} cores", "commit": commit}
     doc["summary"] = summarize(doc["runs"], args.ttft_slo_ms, args.tbt_slo_ms)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
-    plot(doc["summary"], str(Path(args.out).with_suffix(".png")))
+    abfile.write_json(Path(args.out), doc)  # (gzipped when --out ends in .gz)
+    plot(doc["summary"], str(abfile.stem(Path(args.out)).with_suffix(".png")))
     print(json.dumps(doc["summary"]["table"], indent=1))
     return 0
 
