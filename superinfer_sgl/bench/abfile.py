@@ -1,6 +1,7 @@
 """Where a run's results document lives: `ab.json`, or `ab.json.gz` once the text outgrows what a
 tracked file may hold (1 MiB, tests/unit/test_repo_size.py). A pooled capacity report keeps every
-point's per-request figures: thirteen repeats came to 1 MiB of JSON, about a fifth of that gzipped. Readers take either name; a write removes the other so a folder never holds two.
+point's per-request figures: thirteen repeats came to 1 MiB of JSON, about a fifth of that
+gzipped. Readers take either name; a write removes the other so a folder never holds two.
 `read_json` / `write_json`: any result file, gzipped when its name ends in `.gz`."""
 
 from __future__ import annotations
