@@ -9,6 +9,8 @@ from pathlib import Path
 
 from superinfer_sgl.bench import abfile, prefix_ab
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_write_json_gzips_by_name_and_read_json_reads_either(tmp_path: Path) -> None:
     doc = {"runs": [{"ttft_ms": 1.5}], "note": "x" * 1000}
@@ -32,9 +34,6 @@ def test_save_text_keeps_one_file_per_folder(tmp_path: Path, monkeypatch) -> Non
     assert abfile.save_text(tmp_path, json.dumps({"a": 1})).name == abfile.PLAIN
     assert sorted(p.name for p in tmp_path.iterdir()) == [abfile.PLAIN]
     assert abfile.load(tmp_path) == {"a": 1} == abfile.load(tmp_path / abfile.PLAIN)
-
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prefix_ab_resummarizes_a_gzipped_result_file(tmp_path: Path, monkeypatch) -> None:
