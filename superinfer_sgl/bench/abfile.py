@@ -33,9 +33,16 @@ def read_json(path: Path) -> Any:
 
 
 def write_json(path: Path, doc: Any, indent: int | None = 1) -> None:
-    """`doc` as JSON at `path`, gzipped (fixed header time) when its name ends in `.gz`."""
-    data = (json.dumps(doc, indent=indent, default=str) + "\n").encode()
-    Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
+    """`doc` as JSON at `path`, gzipped when its name ends in `.gz`."""
+    _write(Path(path), (json.dumps(doc, indent=indent, default=str) + "\n").encode())
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` at `path` through a temporary file, gzipped (with a fixed header time, so the same
+    document writes the same bytes) when the name ends in `.gz`."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
+    tmp.replace(path)
 
 
 def stem(path: Path) -> Path:
@@ -55,8 +62,6 @@ def save_text(out_dir: Path, text: str) -> Path:
     data = text.encode()
     name = PLAIN if len(data) <= MAX_PLAIN_BYTES else GZIP
     path, other = out_dir / name, out_dir / (GZIP if name == PLAIN else PLAIN)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data if name == PLAIN else gzip.compress(data, mtime=0))
-    tmp.replace(path)
+    _write(path, data)
     other.unlink(missing_ok=True)
     return path

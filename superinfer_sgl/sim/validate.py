@@ -61,7 +61,10 @@ class AbPoint:
 def find_ab(path: Path) -> Path:
     """results/ab_cpu.json, a folder holding ab.json (or ab.json.gz), or the file itself."""
     if path.is_dir():
-        path = next((path / n for n in (abfile.PLAIN, abfile.GZIP) if (path / n).is_file()), path / abfile.PLAIN)
+        try:
+            return abfile.find(path)
+        except FileNotFoundError:
+            path = path / abfile.PLAIN
     if path.exists():
         return path
     candidates = sorted(path.parent.glob(path.stem + "*/ab.json"))
