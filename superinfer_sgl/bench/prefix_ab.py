@@ -9,9 +9,15 @@ stock servers run with SUPERINFER_CPU_COMPAT=1, which switches on the same batch
 and fast ops ours uses: equal attention speed). Ours runs our launcher with `--scheduler sglang`,
 so SGLang's scheduling is unchanged and the prefix cache is the only difference. One server per
 arm serves every workload and repeat (the cache flushed in between); arms run one after another
-in an order that rotates between repeats. A 2-core shared machine cannot pair five servers side by
-side, so run-to-run drift is measured instead: each arm's repeats are reported apart, and the
-differences' 95% intervals are paired bootstraps over the same requests (bench/prefix_stats.py).
+in an order that rotates between repeats. Run one after another, the arms meet the machine at
+different speeds (a shared 2-core VM drifts by tens of percent within minutes): each arm's repeats
+are reported apart, and the differences' 95% intervals are paired bootstraps over the same requests
+(bench/prefix_stats.py), which do not contain that drift.
+
+`--paired` runs ours beside each stock arm instead, at the same time on the same arrival schedule,
+each server on its own half of the cores (bench/paired.py; the halves swap from pair to pair), so a
+slow phase of the machine hits both sides of a comparison. Each side has half the machine: rates
+that contend two cores contend one core more.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import Any
 import requests
 
 from . import abfile
-from .prefix_client import run_workload
-from .prefix_stats import plot, summarize
+from .paired import core_halves
+from .prefix_client import run_workload, run_workload_on_each
+from .prefix_stats import OURS, plot, summarize
 from .prefix_workloads import WORKLOADS, conversations, tenants, unique
 from .servers import OUR_MODULE, STOCK_MODULE, SystemSpec, launch, shared_flags
 
@@ -62,6 +69,23 @@ def _flush(url: str) -> None:
         time.sleep(0.5)  # refused while requests are still in flight
 
 
+def pair_schedule(names: list[str], repeats: int) -> list[tuple[int, str, str, bool]]:
+    """(repeat, our arm, stock arm, swapped) for every run of `--paired`: each of our arms beside
+    each stock arm once per repeat, the pairs' order rotated between repeats, and the sides' cores
+    swapped from one run to the next (`swapped`: ours on the second half), so neither side keeps
+    the core that serves the machine's interrupts."""
+    ours = [n for n in names if n in OURS]
+    stock = [n for n in names if n not in OURS]
+    if not ours or not stock:
+        raise ValueError(f"--paired needs one of our arms ({', '.join(OURS)}) and a stock arm; got {names}")
+    pairs = [(o, s) for o in ours for s in stock]
+    out = []
+    for rep in range(repeats):
+        for o, s in pairs[rep % len(pairs):] + pairs[:rep % len(pairs)]:
+            out.append((rep, o, s, len(out) % 2 == 1))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     table = arms(args.tlru_threshold, args.tlru_next, args.host_tokens)
     names = [n for n in args.arms.split(",") if n]
@@ -71,6 +95,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
+
+    def record(rep: int, arm: str, kind: str, t_start: float, res: dict[str, Any], **extra: Any) -> None:
+        runs.append({"arm": arm, "rep": rep, "kind": kind, "rate": rates[kind], "started": t_start, **extra, **res})
+        partial = abfile.stem(Path(args.out)).with_suffix(".partial.json")
+        partial.write_text(json.dumps({"runs": runs, "args": vars(args)}))
+        print(f"[prefix_ab] rep {rep} {arm}{' beside ' + extra['pair'] if 'pair' in extra and extra['pair'] != arm else ''} "
+              f"{kind}: {len(res['records'])} requests in {res['wall_s']:.0f}s", flush=True)
+
+    if args.paired:
+        halves = core_halves()
+        for rep, ours, base, swapped in pair_schedule(names, args.repeats):
+            sides = ((ours, halves[1]), (base, halves[0])) if swapped else ((ours, halves[0]), (base, halves[1]))
+            t_start = time.time()
+            servers = []
+            try:
+                for name, cores in sides:
+                    log = out_dir / "logs" / f"{name}.beside-{base if name == ours else ours}.rep{rep}.log"
+                    servers.append(launch(table[name], shared, log, ready_timeout_s=600, cores=cores))
+                for kind in kinds:
+                    for server in servers:
+                        _flush(server.url)
+                    work = build(kind, args.seed + rep, rates[kind], args.duration)
+                    results = run_workload_on_each([sv.url for sv in servers], kind, work)
+                    for (name, cores), res in zip(sides, results):
+                        record(rep, name, kind, t_start, res, pair=base, cores=sorted(cores))
+            finally:
+                for server in servers:
+                    server.stop()
+        return {"runs": runs}
+
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
@@ -82,13 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for kind in kinds:
                     _flush(server.url)
                     work = build(kind, args.seed + rep, rates[kind], args.duration)
-                    res = run_workload(server.url, kind, work)
-                    runs.append({"arm": name, "rep": rep, "kind": kind, "rate": rates[kind],
-                                 "started": t_start, **res})
-                    partial = abfile.stem(Path(args.out)).with_suffix(".partial.json")
-                    partial.write_text(json.dumps({"runs": runs, "args": vars(args)}))
-                    print(f"[prefix_ab] rep {rep} {name} {kind}: {len(res['records'])} requests in "
-                          f"{res['wall_s']:.0f}s", flush=True)
+                    record(rep, name, kind, t_start, run_workload(server.url, kind, work))
             finally:
                 server.stop()
     return {"runs": runs}
@@ -105,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-tokens", type=int, default=800, help="--prefix-host-tokens of the predictive+host arm")
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per workload")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--paired", action="store_true",
+                    help="run ours beside each stock arm at the same time, each on half the cores "
+                         "(differences then keep little of the machine's drift; each side is slower)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rate-tenants", type=float, default=1.0)
     ap.add_argument("--rate-conversations", type=float, default=0.3)

@@ -132,7 +132,19 @@ async def _run(url: str, kind: str, work: list[Any], slo_class: str) -> tuple[li
     return recs, wall, max(usage, default=float("nan"))
 
 
+def _result(recs: list[Record], wall: float, peak: float) -> dict[str, Any]:
+    return {"records": [r.to_dict() for r in recs], "wall_s": wall, "peak_token_usage": peak}
+
+
 def run_workload(url: str, kind: str, work: list[Any], slo_class: str = "interactive") -> dict[str, Any]:
     """Drive one workload against a server; its records, wall time and peak KV token usage."""
-    recs, wall, peak = asyncio.run(_run(url, kind, work, slo_class))
-    return {"records": [r.to_dict() for r in recs], "wall_s": wall, "peak_token_usage": peak}
+    return _result(*asyncio.run(_run(url, kind, work, slo_class)))
+
+
+def run_workload_on_each(urls: list[str], kind: str, work: list[Any],
+                         slo_class: str = "interactive") -> list[dict[str, Any]]:
+    """The same workload against several servers at once (prefix_ab --paired): one event loop
+    drives them all, so each server's arrivals come at the same moments as the others'."""
+    async def each() -> list[tuple[list[Record], float, float]]:
+        return list(await asyncio.gather(*(_run(url, kind, work, slo_class) for url in urls)))
+    return [_result(*got) for got in asyncio.run(each())]

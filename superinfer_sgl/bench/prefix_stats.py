@@ -1,5 +1,6 @@
 """The prefix-cache A/B's numbers: per arm and workload, and ours against each stock policy with
-paired 95% bootstrap intervals (scipy) over the same requests.
+paired 95% bootstrap intervals (scipy) over the same requests (with `prefix_ab --paired`: over the
+requests of the runs made side by side, `beside`).
 
 hit share      cached prompt tokens / prompt tokens (SGLang's meta_info cached_tokens)
 TTFT att.      share of requests whose first token came within the TTFT SLO (a failed request misses)
@@ -62,12 +63,25 @@ def _row(runs: Sequence[dict[str, Any]], ttft_s: float, tbt_s: float) -> dict[st
         "ttft_p90_s": float(np.percentile(ttfts, 90)) if len(ttfts) else float("nan"),
         "throughput_tok_s": out_tok / wall if wall else float("nan"),
         "peak_token_usage": max((run["peak_token_usage"] for run in runs), default=float("nan")),
-        "per_repeat": {str(run["rep"]): {
+        "per_repeat": {_repeat_key(run): {
             "hit_share": (sum(r["cached_tokens"] for r in run["records"])
                           / max(1, sum(r["prompt_tokens"] for r in run["records"]))),
             "ttft_attainment": float(np.mean([_indicators(r, ttft_s, tbt_s)[0] for r in run["records"]]
                                              or [np.nan]))} for run in runs},
     }
+
+
+def _repeat_key(run: dict[str, Any]) -> str:
+    """A run's repeat, and with --paired the stock arm it ran beside (ours runs once per pair)."""
+    return f"{run['rep']} beside {run['pair']}" if run.get("pair") not in (None, run["arm"]) else str(run["rep"])
+
+
+def beside(ours_runs: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """Our runs to compare with `baseline`: with --paired those that ran beside it (same moments,
+    same machine phase), else all of them."""
+    if any("pair" in run for run in ours_runs):
+        return [run for run in ours_runs if run.get("pair") == baseline]
+    return list(ours_runs)
 
 
 def _ci(values: tuple[np.ndarray, ...], statistic: Any) -> tuple[float, float] | None:
@@ -124,7 +138,7 @@ def summarize(runs: Sequence[dict[str, Any]], ttft_slo_ms: float | None, tbt_slo
         for ours in (o for o in OURS if (kind, o) in groups):
             for arm in sorted(a for k, a in groups if k == kind and a not in OURS):
                 diffs.append({"workload": kind, "ours": ours, "baseline": arm,
-                              **_paired(groups[(kind, arm)], groups[(kind, ours)], ttft_s, tbt_s)})
+                              **_paired(groups[(kind, arm)], beside(groups[(kind, ours)], arm), ttft_s, tbt_s)})
     sweep = []
     if any(run["kind"] == CONTROL for run in runs):
         for m in SLO_MULTIPLES:
@@ -134,6 +148,7 @@ def summarize(runs: Sequence[dict[str, Any]], ttft_slo_ms: float | None, tbt_slo
                 sweep.append({"multiple": m, "workload": k, "arm": a, "ttft_attainment": row["ttft_attainment"],
                               "joint_attainment": row["joint_attainment"]})
     return {"ttft_slo_ms": ttft_slo_ms, "tbt_slo_ms": tbt_slo_ms, "slos_from_control": derived,
+            "paired": any("pair" in run for run in runs),
             "table": table, "ours_minus_stock": diffs, "slo_sweep": sweep}
 
 

@@ -30,3 +30,26 @@ def test_every_ours_arm_is_compared_with_every_stock_arm() -> None:
     assert diffs["tenants", "predictive+host", "tlru"]["hit_share"] == pytest.approx(0.2)
     assert "predictive+host - lru" in markdown(s)
     assert {"predictive", "predictive+host"} <= set(OURS)
+
+
+def test_paired_runs_compare_ours_with_the_stock_arm_it_ran_beside() -> None:
+    """With --paired ours runs once beside each stock arm; each difference reads only the run made
+    beside that arm (the same machine phase), not ours pooled over every pair."""
+    n = 6
+
+    def beside(run: dict, pair: str) -> dict:
+        return {**run, "pair": pair}
+
+    runs = [beside(_run("tenants", "predictive+host", [80] * n, [0.1] * n), "lru"),
+            beside(_run("tenants", "lru", [40] * n, [0.1] * n), "lru"),
+            # beside T-LRU ours ran in a slow phase: every TTFT missed, and so did T-LRU's half
+            beside(_run("tenants", "predictive+host", [80] * n, [0.5] * n), "tlru"),
+            beside(_run("tenants", "tlru", [60] * n, [0.1] * 3 + [0.5] * 3), "tlru")]
+    s = summarize(runs, 200.0, 1000.0)
+    assert s["paired"] is True
+    diffs = {d["baseline"]: d for d in s["ours_minus_stock"]}
+    assert diffs["lru"]["pairs"] == n and diffs["tlru"]["pairs"] == n
+    assert diffs["lru"]["ttft_attainment"] == pytest.approx(0.0)
+    assert diffs["tlru"]["ttft_attainment"] == pytest.approx(-0.5)
+    ours = next(r for r in s["table"] if r["arm"] == "predictive+host")
+    assert ours["requests"] == 2 * n and set(ours["per_repeat"]) == {"0 beside lru", "0 beside tlru"}
