@@ -41,6 +41,7 @@ from .prefix_stats import OURS, plot, summarize
 from .prefix_workloads import WORKLOADS, conversations, tenants, unique
 from .servers import OUR_MODULE, STOCK_MODULE, SystemSpec, launch, shared_flags
 
+PYTHON_TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"  # SGLang 0.5.23: rust (default) or python
 DEFAULT_MODEL = os.path.expanduser("~/.cache/superinfer_sgl/models/SmolLM2-135M-Instruct")
 
 
@@ -50,6 +51,10 @@ def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800) -> dict[st
     tlru_cfg = json.dumps({"threshold": tlru_threshold, "next_prompt_estimate": tlru_next})
     stock["tlru"] = SystemSpec("sglang-tlru", STOCK_MODULE,
                                ("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", tlru_cfg))
+    # stock LRU on SGLang's Python tree core, the one ours needs (its Rust core never calls a
+    # Python strategy): beside ours it separates the core's cost from the predictor's
+    stock["lru-pycore"] = SystemSpec("sglang-lru-pycore", STOCK_MODULE, ("--radix-eviction-policy", "lru"),
+                                     env=((PYTHON_TREE_CORE_ENV, "python"),))
     ours = SystemSpec("ours-predictive", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive",
                                                       "--prefix-host-tokens", "0"))
     # the host tier at a budget of host_tokens (prefix_host.py): demoted prefixes restored on a match

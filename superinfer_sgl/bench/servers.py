@@ -59,6 +59,7 @@ class SystemSpec:
     flags: tuple[str, ...] = ()
     uses_priority: bool = False
     python: str | None = None  # its interpreter (a peer's own venv); None: this one
+    env: tuple[tuple[str, str], ...] = ()  # its own environment variables (e.g. SGLang's tree core)
 
     @property
     def ours(self) -> bool:
@@ -156,6 +157,7 @@ def environment(spec: SystemSpec, shared: list[str], base: dict[str, str] | None
     else:
         env.pop(CPU_COMPAT_ENV, None)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(spec.env)
     env.update(extra or {})
     return env
 

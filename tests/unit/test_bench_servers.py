@@ -85,6 +85,16 @@ def test_stock_environment_keeps_our_plugin_inert(tmp_path: Path) -> None:
     assert gpu[gpu.index("--attention-backend") + 1] == "flashinfer"
 
 
+def test_a_system_s_own_environment_reaches_its_server(tmp_path: Path) -> None:
+    """prefix_ab's lru-pycore arm: stock LRU on SGLang's Python tree core, set by its own variable."""
+    from superinfer_sgl.bench.prefix_ab import PYTHON_TREE_CORE_ENV, arms
+
+    shared = shared_flags(_model(tmp_path), 1024, 256, "cpu")
+    table = arms(64, 11)
+    assert environment(table["lru-pycore"], shared, {})[PYTHON_TREE_CORE_ENV] == "python"
+    assert PYTHON_TREE_CORE_ENV not in environment(table["lru"], shared, {})
+
+
 def test_noise_twin_is_identical() -> None:
     a = systems(())["sglang"]
     b = noise_twin(a)
