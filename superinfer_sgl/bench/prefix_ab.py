@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs.append({"arm": arm, "rep": rep, "kind": kind, "rate": rates[kind], "started": t_start, **extra, **res})
         partial = abfile.stem(Path(args.out)).with_suffix(".partial.json")
         partial.write_text(json.dumps({"runs": runs, "args": vars(args)}))
-        print(f"[prefix_ab] rep {rep} {arm}{' beside ' + extra['pair'] if 'pair' in extra and extra['pair'] != arm else ''} "
+        print(f"[prefix_ab] rep {rep} {arm}{' beside ' + extra['beside'] if 'beside' in extra else ''} "
               f"{kind}: {len(res['records'])} requests in {res['wall_s']:.0f}s", flush=True)
 
     if args.paired:
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for server in servers:
                         _flush(server.url)
                     work = build(kind, args.seed + rep, rates[kind], args.duration)
-                    results = run_workload_on_each([sv.url for sv in servers], kind, work)
-                    for (name, cores), res in zip(sides, results):
-                        record(rep, name, kind, t_start, res, pair=base, cores=sorted(cores))
+                    results = run_workload_on_each([sv.url for sv in servers], kind, work, [c for _, c in sides])
+                    for (name, cores), res, other in zip(sides, results, (base, ours)):
+                        record(rep, name, kind, t_start, res, pair=base, beside=other, cores=sorted(cores))
             finally:
                 for server in servers:
                     server.stop()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -141,10 +143,29 @@ def run_workload(url: str, kind: str, work: list[Any], slo_class: str = "interac
     return _result(*asyncio.run(_run(url, kind, work, slo_class)))
 
 
-def run_workload_on_each(urls: list[str], kind: str, work: list[Any],
+def run_workload_on_each(urls: list[str], kind: str, work: list[Any], cores: list[frozenset[int]],
                          slo_class: str = "interactive") -> list[dict[str, Any]]:
-    """The same workload against several servers at once (prefix_ab --paired): one event loop
-    drives them all, so each server's arrivals come at the same moments as the others'."""
-    async def each() -> list[tuple[list[Record], float, float]]:
-        return list(await asyncio.gather(*(_run(url, kind, work, slo_class) for url in urls)))
-    return [_result(*got) for got in asyncio.run(each())]
+    """The same workload against several servers at once (prefix_ab --paired), each driven by its
+    own thread pinned to that server's `cores` (a load generator left to float would take its
+    cycles from whichever server shares its core), all started together."""
+    got: list[Any] = [None] * len(urls)
+    start = threading.Barrier(len(urls))
+
+    def drive(k: int) -> None:
+        try:
+            os.sched_setaffinity(0, cores[k])  # 0: this thread
+            start.wait()
+            got[k] = _result(*asyncio.run(_run(urls[k], kind, work, slo_class)))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+            start.abort()
+            got[k] = exc
+
+    threads = [threading.Thread(target=drive, args=(k,), daemon=True) for k in range(len(urls))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for res in got:
+        if isinstance(res, BaseException):
+            raise res
+    return got

@@ -72,16 +72,18 @@ def _row(runs: Sequence[dict[str, Any]], ttft_s: float, tbt_s: float) -> dict[st
 
 
 def _repeat_key(run: dict[str, Any]) -> str:
-    """A run's repeat, and with --paired the stock arm it ran beside (ours runs once per pair)."""
-    return f"{run['rep']} beside {run['pair']}" if run.get("pair") not in (None, run["arm"]) else str(run["rep"])
+    """A run's repeat, and with --paired the arm it ran beside (each arm runs once per pair)."""
+    other = run.get("beside", run.get("pair"))  # (files before `beside`: one of our arms, `pair` the stock one)
+    return f"{run['rep']} beside {other}" if other not in (None, run["arm"]) else str(run["rep"])
 
 
-def beside(ours_runs: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """Our runs to compare with `baseline`: with --paired those that ran beside it (same moments,
-    same machine phase), else all of them."""
-    if any("pair" in run for run in ours_runs):
-        return [run for run in ours_runs if run.get("pair") == baseline]
-    return list(ours_runs)
+def beside(runs: Sequence[dict[str, Any]], other: str) -> list[dict[str, Any]]:
+    """The runs to compare with arm `other`: with --paired those made beside it (same moments, same
+    machine phase), else all of them. Files written before runs carried `beside` had one of our
+    arms, so every stock run was beside it, and `pair` names the stock arm of ours' runs."""
+    if not any("pair" in run for run in runs):
+        return list(runs)
+    return [run for run in runs if run.get("beside", run["pair"] if run["pair"] != run["arm"] else other) == other]
 
 
 def _ci(values: tuple[np.ndarray, ...], statistic: Any) -> tuple[float, float] | None:
@@ -97,6 +99,9 @@ def _paired(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, Any]], 
     """B - A over the requests both served (same repeat, request and turn)."""
     a = {_key(r, run["rep"]): r for run in a_runs for r in run["records"]}
     b = {_key(r, run["rep"]): r for run in b_runs for r in run["records"]}
+    for side, runs in ((a, a_runs), (b, b_runs)):
+        if len(side) != sum(len(run["records"]) for run in runs):  # two runs of one request: no pairing
+            raise ValueError("a request appears in two runs of one side; pair the runs first (`beside`)")
     keys = sorted(a.keys() & b.keys())
     if not keys:
         return {"pairs": 0}
@@ -138,7 +143,8 @@ def summarize(runs: Sequence[dict[str, Any]], ttft_slo_ms: float | None, tbt_slo
         for ours in (o for o in OURS if (kind, o) in groups):
             for arm in sorted(a for k, a in groups if k == kind and a not in OURS):
                 diffs.append({"workload": kind, "ours": ours, "baseline": arm,
-                              **_paired(groups[(kind, arm)], beside(groups[(kind, ours)], arm), ttft_s, tbt_s)})
+                              **_paired(beside(groups[(kind, arm)], ours), beside(groups[(kind, ours)], arm),
+                                        ttft_s, tbt_s)})
     sweep = []
     if any(run["kind"] == CONTROL for run in runs):
         for m in SLO_MULTIPLES:

@@ -42,8 +42,9 @@ def test_paired_run_drives_both_servers_at_once_on_their_halves(tmp_path: Path, 
 
     driven: list[list[str]] = []
 
-    def on_each(urls, kind, work):  # noqa: ANN001, ANN202
+    def on_each(urls, kind, work, cores):  # noqa: ANN001, ANN202
         driven.append(list(urls))
+        assert cores in ([frozenset({0}), frozenset({1})], [frozenset({1}), frozenset({0})])
         return [{"records": [], "wall_s": 1.0, "peak_token_usage": 0.1} for _ in urls]
 
     monkeypatch.setattr(prefix_ab, "launch", launch)
@@ -61,6 +62,27 @@ def test_paired_run_drives_both_servers_at_once_on_their_halves(tmp_path: Path, 
     assert driven == [["http://ours-predictive-host", "http://sglang-lru"]] * 2 + \
         [["http://ours-predictive-host", "http://sglang-tlru"]] * 2
     assert len(stopped) == 4  # every server stopped after its pair
-    assert [(r["arm"], r["pair"], r["kind"], r["cores"]) for r in runs[:4]] == [
-        ("predictive+host", "lru", "tenants", [0]), ("lru", "lru", "tenants", [1]),
-        ("predictive+host", "lru", "unique", [0]), ("lru", "lru", "unique", [1])]
+    assert [(r["arm"], r["beside"], r["kind"], r["cores"]) for r in runs[:4]] == [
+        ("predictive+host", "lru", "tenants", [0]), ("lru", "predictive+host", "tenants", [1]),
+        ("predictive+host", "lru", "unique", [0]), ("lru", "predictive+host", "unique", [1])]
+
+
+def test_each_side_s_load_generator_runs_on_its_own_cores(monkeypatch) -> None:
+    """run_workload_on_each pins each side's driver thread to that side's cores."""
+    import os
+
+    from superinfer_sgl.bench import prefix_client
+
+    seen: dict[str, set[int]] = {}
+
+    async def fake_run(url, kind, work, slo_class):  # noqa: ANN001, ANN202
+        seen[url] = os.sched_getaffinity(0)
+        return [], 1.0, 0.5
+
+    monkeypatch.setattr(prefix_client, "_run", fake_run)
+    mine = sorted(os.sched_getaffinity(0))
+    halves = [frozenset(mine[:1]), frozenset(mine[-1:])]
+    out = prefix_client.run_workload_on_each(["a", "b"], "tenants", [], halves)
+    assert seen == {"a": set(halves[0]), "b": set(halves[1])}
+    assert out == [{"records": [], "wall_s": 1.0, "peak_token_usage": 0.5}] * 2
+    assert os.sched_getaffinity(0) == set(mine)  # the caller's own affinity is left alone

@@ -53,3 +53,22 @@ def test_paired_runs_compare_ours_with_the_stock_arm_it_ran_beside() -> None:
     assert diffs["tlru"]["ttft_attainment"] == pytest.approx(-0.5)
     ours = next(r for r in s["table"] if r["arm"] == "predictive+host")
     assert ours["requests"] == 2 * n and set(ours["per_repeat"]) == {"0 beside lru", "0 beside tlru"}
+
+
+def test_with_two_of_our_arms_each_stock_run_pairs_with_the_arm_it_ran_beside() -> None:
+    """Each stock arm runs twice per repeat (beside predictive, beside predictive+host): a difference
+    reads the stock run made beside that arm of ours, never the other one."""
+    n = 4
+
+    def side(kind: str, arm: str, other: str, stock: str, ttft: list[float]) -> dict:
+        return {**_run(kind, arm, [0] * n, ttft), "pair": stock, "beside": other}
+
+    runs = [side("unique", "predictive", "lru", "lru", [0.1] * n),
+            side("unique", "lru", "predictive", "lru", [0.5] * n),  # a slow phase for this pair
+            side("unique", "predictive+host", "lru", "lru", [0.1] * n),
+            side("unique", "lru", "predictive+host", "lru", [0.1] * n)]
+    diffs = {d["ours"]: d for d in summarize(runs, 200.0, 1000.0)["ours_minus_stock"]}
+    assert diffs["predictive"]["pairs"] == n and diffs["predictive"]["ttft_attainment"] == pytest.approx(1.0)
+    assert diffs["predictive+host"]["ttft_attainment"] == pytest.approx(0.0)
+    lru = next(r for r in summarize(runs, 200.0, 1000.0)["table"] if r["arm"] == "lru")
+    assert set(lru["per_repeat"]) == {"0 beside predictive", "0 beside predictive+host"}
