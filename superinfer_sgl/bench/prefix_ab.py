@@ -60,7 +60,10 @@ def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800) -> dict[st
     # the host tier at a budget of host_tokens (prefix_host.py): demoted prefixes restored on a match
     host = SystemSpec("ours-predictive-host", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "predictive",
                                                           "--prefix-host-tokens", str(host_tokens)))
-    return {"predictive": ours, "predictive+host": host, **stock}
+    # our launcher and layer with SGLang's own radix cache: beside a stock arm, what ours costs
+    # without the predictive cache (the control's reference)
+    radix = SystemSpec("ours-radix", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "radix"))
+    return {"predictive": ours, "predictive+host": host, "ours-radix": radix, **stock}
 
 
 def build(kind: str, seed: int, rate: float, duration_s: float) -> list[Any]:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-OURS = ("predictive", "predictive+host")  # our arms; every other arm is a stock policy
+# our arms (ours-radix: our launcher with SGLang's radix cache, a reference); every other arm is stock
+OURS = ("predictive", "predictive+host", "ours-radix")
 CONTROL = "unique"
 SLO_MULTIPLES = (1.0, 2.0, 4.0)  # SLOs as multiples of the control's median TTFT / TBT (2: headline)
 
