@@ -45,7 +45,10 @@ PYTHON_TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"  # SGLang 0.5.23
 DEFAULT_MODEL = os.path.expanduser("~/.cache/superinfer_sgl/models/SmolLM2-135M-Instruct")
 
 
-def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800) -> dict[str, SystemSpec]:
+def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800,
+         slo_ms: tuple[float, float] | None = None) -> dict[str, SystemSpec]:
+    """Every arm by name. slo_ms (TTFT, TBT): the SLOs the run measures against, which the arms
+    with our SLO-aware scheduler are told (without them those arms are not offered)."""
     stock = {p: SystemSpec(f"sglang-{p}", STOCK_MODULE, ("--radix-eviction-policy", p))
              for p in ("lru", "lfu", "slru")}
     tlru_cfg = json.dumps({"threshold": tlru_threshold, "next_prompt_estimate": tlru_next})
@@ -63,7 +66,17 @@ def arms(tlru_threshold: int, tlru_next: int, host_tokens: int = 800) -> dict[st
     # our launcher and layer with SGLang's own radix cache: beside a stock arm, what ours costs
     # without the predictive cache (the control's reference)
     radix = SystemSpec("ours-radix", OUR_MODULE, ("--scheduler", "sglang", "--prefix-cache", "radix"))
-    return {"predictive": ours, "predictive+host": host, "ours-radix": radix, **stock}
+    table = {"predictive": ours, "predictive+host": host, "ours-radix": radix, **stock}
+    if slo_ms is not None:
+        # the product as shipped: our default scheduler (RotaSched, goodput) told the SLOs the run
+        # measures, with SGLang's radix cache (the scheduler's share of a difference) and with the
+        # predictive cache and its host tier (scheduler and cache together)
+        slo = ("--ttft-slo-ms", f"{slo_ms[0]:g}", "--tbt-slo-ms", f"{slo_ms[1]:g}")
+        table["goodput-radix"] = SystemSpec("ours-goodput-radix", OUR_MODULE, ("--prefix-cache", "radix", *slo))
+        table["goodput+predictive+host"] = SystemSpec(
+            "ours-goodput-predictive-host", OUR_MODULE,
+            ("--prefix-cache", "predictive", "--prefix-host-tokens", str(host_tokens), *slo))
+    return table
 
 
 def build(kind: str, seed: int, rate: float, duration_s: float) -> list[Any]:
@@ -95,8 +108,14 @@ def pair_schedule(names: list[str], repeats: int) -> list[tuple[int, str, str, b
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    table = arms(args.tlru_threshold, args.tlru_next, args.host_tokens)
+    fixed = None if args.ttft_slo_ms is None or args.tbt_slo_ms is None else (args.ttft_slo_ms, args.tbt_slo_ms)
+    table = arms(args.tlru_threshold, args.tlru_next, args.host_tokens, fixed)
     names = [n for n in args.arms.split(",") if n]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        need = " (the goodput arms need --ttft-slo-ms and --tbt-slo-ms: our scheduler is told them)" \
+            if any(n.startswith("goodput") for n in unknown) else ""
+        raise SystemExit(f"unknown arm(s) {', '.join(unknown)}; offered: {', '.join(table)}{need}")
     kinds = [k for k in args.workloads.split(",") if k]
     rates = dict(zip(WORKLOADS, (args.rate_tenants, args.rate_conversations, args.rate_unique)))
     shared = shared_flags(args.model, args.kv_tokens, args.chunked_prefill, "cpu")

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-# our arms (ours-radix: our launcher with SGLang's radix cache, a reference); every other arm is stock
-OURS = ("predictive", "predictive+host", "ours-radix")
+# our arms (ours-radix: our launcher with SGLang's radix cache, a reference; goodput-*: our default
+# scheduler told the run's SLOs); every other arm is stock
+OURS = ("predictive", "predictive+host", "ours-radix", "goodput-radix", "goodput+predictive+host")
 CONTROL = "unique"
 SLO_MULTIPLES = (1.0, 2.0, 4.0)  # SLOs as multiples of the control's median TTFT / TBT (2: headline)
 

@@ -55,7 +55,7 @@ def test_paired_run_drives_both_servers_at_once_on_their_halves(tmp_path: Path, 
     args = SimpleNamespace(tlru_threshold=64, tlru_next=11, host_tokens=800, arms="predictive+host,lru,tlru",
                            workloads="tenants,unique", rate_tenants=1.0, rate_conversations=0.3, rate_unique=0.5,
                            model="m", kv_tokens=800, chunked_prefill=512, out=str(tmp_path / "ab.json"),
-                           repeats=1, seed=0, duration=1.0, paired=True)
+                           repeats=1, seed=0, duration=1.0, paired=True, ttft_slo_ms=None, tbt_slo_ms=None)
     runs = prefix_ab.run(args)["runs"]
     assert launched == [("ours-predictive-host", frozenset({0})), ("sglang-lru", frozenset({1})),
                         ("ours-predictive-host", frozenset({1})), ("sglang-tlru", frozenset({0}))]
@@ -86,3 +86,22 @@ def test_each_side_s_load_generator_runs_on_its_own_cores(monkeypatch) -> None:
     assert seen == {"a": set(halves[0]), "b": set(halves[1])}
     assert out == [{"records": [], "wall_s": 1.0, "peak_token_usage": 0.5}] * 2
     assert os.sched_getaffinity(0) == set(mine)  # the caller's own affinity is left alone
+
+
+def test_goodput_arms_are_told_the_run_s_slos_and_need_them(tmp_path: Path) -> None:
+    """The arms with our default scheduler carry the SLOs the run measures; without fixed SLOs
+    they are not offered, and asking for one says why."""
+    table = prefix_ab.arms(64, 11, 800, (289.0, 47.5))
+    for name in ("goodput-radix", "goodput+predictive+host"):
+        flags = table[name].flags
+        assert "--scheduler" not in flags  # our default scheduler (RotaSched)
+        assert flags[flags.index("--ttft-slo-ms") + 1] == "289" and flags[flags.index("--tbt-slo-ms") + 1] == "47.5"
+    assert table["goodput+predictive+host"].flags[:4] == ("--prefix-cache", "predictive", "--prefix-host-tokens", "800")
+    assert table["goodput-radix"].flags[:2] == ("--prefix-cache", "radix")
+    assert "goodput-radix" not in prefix_ab.arms(64, 11)
+    args = SimpleNamespace(tlru_threshold=64, tlru_next=11, host_tokens=800, arms="goodput-radix,lru",
+                           workloads="tenants", rate_tenants=1.0, rate_conversations=0.3, rate_unique=0.5,
+                           model="m", kv_tokens=800, chunked_prefill=512, out=str(tmp_path / "ab.json"),
+                           repeats=1, seed=0, duration=1.0, paired=True, ttft_slo_ms=None, tbt_slo_ms=None)
+    with pytest.raises(SystemExit, match="need --ttft-slo-ms and --tbt-slo-ms"):
+        prefix_ab.run(args)
