@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "superinfer.json"
+PREFIX_CACHE = "superinfer_prefix_"  # series a server exports with --prefix-cache predictive only
 _NAME = re.compile(r"\b(superinfer_[a-z0-9_]+|sglang:[a-z0-9_:]+)")
 
 

@@ -8,7 +8,8 @@ strategy object; the policy itself is pure (rotasched/prefix_reuse.py). The hook
 UnifiedTreeCore method:
 
   __init__             our strategy in place of the one SGLang built (the pool size for pinning)
-  match_prefix         a request's hit on every node of its matched path (the predictor's input)
+  match_prefix         a request's hit on every node of its matched path (the predictor's input),
+                       until the request has written KV of its own into the tree
   _split_node          the new prefix node inherits the split node's history
   _unregister_node     a node leaves the tree: its history becomes a ghost under (parent, first
                        token), which a returning prefix inherits
@@ -22,12 +23,14 @@ request's match, then match again) and reset (AFTER: drop them all).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..rotasched.prefix_reuse import EvictionRanker, Leaf, PredictorParams, ReusePredictor
+from .metrics import PREFIX_PUBLISH_S, prefix_cache_metrics
 
 if TYPE_CHECKING:
     from .prefix_host import PrefixHost
@@ -39,6 +42,7 @@ CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 SELECT_CORE = "sglang.srt.mem_cache.unified_cache.tree_core_registry.select_tree_core_backend"
 PIN_SHARE = 0.25  # the device pool's share that pinned prefixes may hold
 AUTO_HOST = -1  # --prefix-host-tokens auto: prefix_host.auto_host_tokens
+_SOURCES = itertools.count()  # each state's own key in the metrics' last-seen counts (ids get reused)
 
 
 class PrefixCacheState:
@@ -52,10 +56,28 @@ class PrefixCacheState:
         self.hook_calls = 0
         self.host: PrefixHost | None = None  # the host tier (--prefix-host-tokens), when on and supported
         self.host_refused: str | None = None  # why it is off although asked for
+        self._published = float("-inf")  # perf_counter of the last publish to /metrics
+        self._source = next(_SOURCES)
+        self._publish_failed = False
 
     def charge(self, start: float) -> None:
-        self.hook_s += time.perf_counter() - start
+        end = time.perf_counter()
+        self.hook_s += end - start
         self.hook_calls += 1
+        if end - self._published >= PREFIX_PUBLISH_S:
+            self.publish(end)
+
+    def publish(self, now: float | None = None) -> None:
+        """Our counts to the superinfer_prefix_* series (integration/metrics.py). Observability
+        never takes the scheduler down: a failure is logged once."""
+        self._published = time.perf_counter() if now is None else now
+        try:
+            prefix_cache_metrics().publish(self._source, self.hook_s, self.hook_calls,
+                                           None if self.host is None else self.host.counters())
+        except Exception:
+            if not self._publish_failed:
+                logger.exception("superinfer: prefix cache metrics not published")
+            self._publish_failed = True
 
 
 def strategy_class() -> type:
@@ -85,6 +107,20 @@ def _ghost_key(node: Any, page_size: int) -> Any:
         return (parent.id, key.child_key(page_size))
     except (AttributeError, TypeError, IndexError):
         return None
+
+
+def _has_written(req: Any) -> bool:
+    """Whether the request has put KV of its own into the tree: a chunked prefill's next chunk
+    (SGLang inserts each chunk, `req.kv.cache_inserted_len`), a request resumed after a rotation or
+    re-queued after a retraction (it has output tokens). Its matches from then on find its own
+    tokens, and counting them as hits would make every rotated or chunked request's private KV
+    look shared (found by the e2e test with forced rotations: the predictor demoted each rotated
+    request's decode segments and pushed a shared prompt off the host). Hits by others' writes are
+    counted at its first matches, before it writes (the scheduler re-matches a waiting request
+    every step)."""
+    if getattr(req, "output_ids", None):
+        return True
+    return bool(getattr(getattr(req, "kv", None), "cache_inserted_len", 0))
 
 
 def _end_depth(node: Any, root: Any) -> int:
@@ -128,10 +164,13 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
                 logger.info("superinfer: prefix host tier %d tokens (%d blocks x %d, %.3f GiB), transfer=%s",
                             state.host.store.budget, pool.num_blocks, pool.block_tokens,
                             pool.num_blocks * pool.bytes_per_block / 2**30, state.host.engine.transfer)
+        state.publish()  # the series exist from startup (the host budget among them)
 
     def on_match(result: Any, core: Any, params: Any, *args: Any, **kwargs: Any) -> None:
         st, req = _state(core), getattr(params, "req", None)
         if st is None or req is None:  # SGLang's own touches (no request): not a hit
+            return
+        if _has_written(req):  # its own KV is in the tree now: reading it back is not reuse
             return
         start = time.perf_counter()
         now = st.clock()
@@ -167,15 +206,20 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
             return
         now = st.clock()
         score = st.predictor.score(node.id, now)
-        st.host.demote(core, node, score, now, st.predictor.nodes.get(node.id))
+        if st.host.demote(core, node, score, now, st.predictor.nodes.get(node.id)):
+            st.publish()  # a copy of milliseconds happened: the series follow at once
 
     def around_match(original: Callable[..., Any], cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(cache, params, *args, **kwargs)
         st = _state(getattr(cache, "tree_core", None))
         if st is None or st.host is None or getattr(params, "req", None) is None or cache.disable:
             return result
+        failures = st.host.restore_failures
         if st.host.restore(cache, params, result, st.clock()) > 0:
+            st.publish()
             result = original(cache, params, *args, **kwargs)  # the tree's own match now covers it
+        elif st.host.restore_failures != failures:
+            st.publish()
         return result
 
     def on_reset(result: None, core: Any, *args: Any, **kwargs: Any) -> None:

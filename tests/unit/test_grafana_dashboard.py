@@ -12,12 +12,13 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grafana_dashboard as gd  # noqa: E402
 
-from superinfer_sgl.integration.metrics import RotaSchedMetrics  # noqa: E402
+from superinfer_sgl.integration.metrics import PrefixCacheMetrics, RotaSchedMetrics  # noqa: E402
 
 
 def _registered() -> set[str]:
     reg = CollectorRegistry()
     RotaSchedMetrics(registry=reg)
+    PrefixCacheMetrics(registry=reg)  # exported with --prefix-cache predictive
     # Labelled series have no samples until a label set is used: name them from the families.
     names = set()
     for family in reg.collect():

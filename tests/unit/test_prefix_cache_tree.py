@@ -115,6 +115,32 @@ def test_hits_splits_and_ghosts_follow_the_tree(monkeypatch: pytest.MonkeyPatch)
     assert p.nodes[again.id].hits >= hits  # the returning prefix inherited its history
 
 
+def test_a_request_reading_back_its_own_kv_is_not_a_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that has written KV of its own (a resumed rotation or a retraction: output tokens;
+    a chunked prefill's next chunk: SGLang's req.kv.cache_inserted_len) matches its own tokens:
+    not reuse. Before it writes, its matches count (once per node)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache = _cache(monkeypatch, predictive=True)
+    p = cache.tree_core._superinfer_prefix.predictor
+    _serve(cache, SYSTEM + [1, 2, 3], "a")
+    head = next(iter(cache.tree_core.root_node.children.values()))
+
+    def match(req: Any) -> None:
+        cache.match_prefix(MatchPrefixParams(key=RadixKey(SYSTEM + [1, 2, 3, 4]), req=req))
+
+    resumed = _req("a")
+    resumed.output_ids = [5, 6]  # "a" back after a rotation: its prompt is its own KV
+    chunked = _req("b")
+    chunked.kv = SimpleNamespace(cache_inserted_len=len(SYSTEM))  # "b" after its first chunk
+    for req in (resumed, chunked):
+        match(req)
+        assert head.id not in p.nodes or p.nodes[head.id].hits == 0, req.rid
+    match(_req("c"))  # a new request: a hit
+    assert p.nodes[head.id].hits == 1
+
+
 def test_the_hooks_come_off_again() -> None:
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 

@@ -325,3 +325,38 @@ def test_a_failing_insert_leaks_neither_host_blocks_nor_device_slots(monkeypatch
     assert cache._alloc.available_size() == free_before  # the restore's slots went back
     assert cache.protected_size() == 0  # and its lock
     host.check()  # the taken entry's blocks were freed: only live entries hold host blocks
+
+
+def test_the_prefix_series_follow_the_host_tier_s_counts() -> None:
+    """superinfer_prefix_* (integration/metrics.py): what a demotion, a restore and a failed
+    restore did, as the store counted it, published when the copy happens (no waiting for the
+    throttle), with the predictor's own time beside it."""
+    from prometheus_client import REGISTRY
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    series = [("superinfer_prefix_host_copied_tokens_total", {"direction": "demoted"}),
+              ("superinfer_prefix_host_copied_tokens_total", {"direction": "restored"}),
+              ("superinfer_prefix_host_entries_total", {"event": "demoted"}),
+              ("superinfer_prefix_host_entries_total", {"event": "restored"}),
+              ("superinfer_prefix_host_entries_total", {"event": "restore_failures"}),
+              ("superinfer_prefix_predictor_seconds_total", {})]
+    before = [value(n, **lab) for n, lab in series]
+    cache = _cache(pool_tokens=100)
+    host = _host(cache)
+    assert value("superinfer_prefix_host_tokens_used") == 0  # published at startup
+    assert value("superinfer_prefix_host_tokens_total") == host.store.budget
+    _serve(cache, SYSTEM + [1], "a")
+    _serve(cache, SYSTEM + [2], "a2")  # a hit: the prompt is worth demoting
+    _evict_all(cache)
+    held = cache._alloc.alloc(cache._alloc.available_size())
+    assert _match(cache, SYSTEM + [3], "b").device_prefix_len == 0  # no room: a failed restore
+    cache._alloc.free(held)
+    assert _match(cache, SYSTEM + [3], "c").device_prefix_len == len(SYSTEM)
+    s = host.store
+    assert s.demoted >= 1 and s.restored >= 1 and host.restore_failures == 1
+    got = [value(n, **lab) - b for (n, lab), b in zip(series, before)]
+    assert got[:5] == [s.demoted_tokens, s.restored_tokens, s.demoted, s.restored, 1]
+    assert got[5] > 0
+    assert value("superinfer_prefix_host_tokens_used") == s.used
