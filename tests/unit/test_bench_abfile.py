@@ -38,7 +38,7 @@ def test_save_text_keeps_one_file_per_folder(tmp_path: Path, monkeypatch) -> Non
 
 def test_prefix_ab_resummarizes_a_gzipped_result_file(tmp_path: Path, monkeypatch) -> None:
     # a slice of a real run's records (two arms, the same 20 requests), written gzipped
-    real = abfile.read_json(ROOT / "results/prefix_cache/ab_contended.json")
+    real = abfile.read_json(ROOT / "results/prefix_cache/ab_contended.json.gz")
     runs = [{**run, "records": run["records"][:20]} for run in real["runs"] if run["arm"] in ("predictive+host", "lru")]
     monkeypatch.setattr(prefix_ab, "plot", lambda summary, path: Path(path).write_text("png"))
     path = tmp_path / "ab.json.gz"
