@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..rotasched.prefix_reuse import EvictionRanker, Leaf, PredictorParams, ReusePredictor
-from .metrics import PREFIX_PUBLISH_S, prefix_cache_metrics
+from .prefix_metrics import PREFIX_PUBLISH_S, prefix_cache_metrics
 
 if TYPE_CHECKING:
     from .prefix_host import PrefixHost

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grafana_dashboard as gd  # noqa: E402
 
-from superinfer_sgl.integration.metrics import PrefixCacheMetrics, RotaSchedMetrics  # noqa: E402
+from superinfer_sgl.integration.metrics import RotaSchedMetrics  # noqa: E402
+from superinfer_sgl.integration.prefix_metrics import PrefixCacheMetrics  # noqa: E402
 
 
 def _registered() -> set[str]:
