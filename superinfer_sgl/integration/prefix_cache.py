@@ -68,7 +68,7 @@ class PrefixCacheState:
             self.publish(end)
 
     def publish(self, now: float | None = None) -> None:
-        """Our counts to the superinfer_prefix_* series (integration/metrics.py). Observability
+        """Our counts to the superinfer_prefix_* series (integration/prefix_metrics.py). Observability
         never takes the scheduler down: a failure is logged once."""
         self._published = time.perf_counter() if now is None else now
         try:

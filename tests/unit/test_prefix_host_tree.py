@@ -328,7 +328,7 @@ def test_a_failing_insert_leaks_neither_host_blocks_nor_device_slots(monkeypatch
 
 
 def test_the_prefix_series_follow_the_host_tier_s_counts() -> None:
-    """superinfer_prefix_* (integration/metrics.py): what a demotion, a restore and a failed
+    """superinfer_prefix_* (integration/prefix_metrics.py): what a demotion, a restore and a failed
     restore did, as the store counted it, published when the copy happens (no waiting for the
     throttle), with the predictor's own time beside it."""
     from prometheus_client import REGISTRY
