@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
+from .rotasched.planner import MIX_PREFILL
 from .rotasched.planner import POLICIES as _POLICY_REGISTRY
 from .rotasched.slo import DEFAULT_SLO, ROTARY_KV_DTYPES
 from .rotasched.vlt import VltParams
@@ -106,6 +107,7 @@ class SuperInferConfig:
     eager_sync: bool | None = None
     prefetch: bool = True
     mixed_resume: bool = True
+    mix_prefill: str = "always"  # rotasched.planner.MIX_PREFILL
     prefix_cache: str = "radix"
     # With --prefix-cache predictive: host tokens for demoted prefixes (integration/prefix_host.py);
     # 0: off; None (auto): as many tokens as the device KV pool, within an eighth of the free RAM.
@@ -304,9 +306,16 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "into device memory no one else needs this iteration (one request at a time)")
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
-                        "one-token extend rides along with the decode batch instead of stalling it; every "
-                        "prefill rides along then: the running requests keep their pace, a new request's "
-                        "first token comes a little later (docs/results.md, CPU A/B below capacity)")
+                        "one-token extend rides along with the decode batch instead of stalling it. Other "
+                        "prefills ride along when the policy says: goodput only when a running request "
+                        "would otherwise miss its next gap (a mixed step keeps the running requests' pace "
+                        "and makes a new request's first token a little later), paper always "
+                        "(docs/architecture.md)")
+    g.add_argument("--mix-prefill", choices=MIX_PREFILL, default=d.mix_prefill,
+                   help="with mixed chunk: always (default) mixes every prefill; needed runs a prefill "
+                        "alone when nobody else waits and no running request would miss its next gap "
+                        "for it, so its first token comes sooner, as on stock SGLang (goodput only; "
+                        "docs/results.md)")
     g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default=d.prefix_cache,
                    help="radix (default): SGLang's radix cache, evicting by --radix-eviction-policy; "
                         "predictive: the same tree (on SGLang's Python tree core) evicting by each "

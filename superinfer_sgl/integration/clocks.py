@@ -120,10 +120,11 @@ class Clocks:
         return planner.rotation_budget(cfg.rotation_budget_blocks, self._pool_tokens, cfg.rotary_block_tokens,
                                        per_step)
 
-    def measure_last_step(self, last: Any, now: float) -> None:
+    def measure_last_step(self, last: Any, now: float, alone: Any = None) -> None:
         """Time from the previous iteration's start to this one's is the previous batch's step
         (`last`: SGLang's last batch; an idle turn in between shows as a long one, which the bound
-        drops)."""
+        drops; `alone`: the last prefill batch the policy kept unmixed beside running requests,
+        `CostMeter.observe_step`)."""
         start, self._last_step_t = self._last_step_t, now
         if last is None or start is None or now - start > MAX_MEASURED_STEP_S:
             return
@@ -136,4 +137,4 @@ class Clocks:
             rows = len(getattr(last, "decoding_reqs", None) or []) if mode.is_mixed() else 0
             tokens = int(getattr(last, "extend_num_tokens", 0) or 0) - rows
             if tokens > 0:
-                self.meter.observe_step(now - start, tokens, rows)
+                self.meter.observe_step(now - start, tokens, rows, alone is not None and last is alone)

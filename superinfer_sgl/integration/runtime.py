@@ -58,6 +58,7 @@ class RotaSchedRuntime:
         self.inbound_blocks = 0  # host blocks copied in by this step's resumes
         self.iteration = 0
         self._decision = Decision()  # the last step's decision (its prefill cap sizes the next chunk)
+        self._alone: Any = None  # the last prefill batch run unmixed beside running requests (its time unmetered)
         # Test knobs (config.TEST_KNOB_ENV): forced rotations and a minimum rotary hold.
         self.rotate_every, self.hold_rotary = cfg.test_rotate_interval, cfg.test_hold_rotary_iters
         self.broadcast: Callable[[object], object] = broadcast or (lambda obj: obj)
@@ -77,7 +78,7 @@ class RotaSchedRuntime:
     def around_prefill(self, original: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
         now = time.monotonic()
         self.iteration += 1
-        self.clocks.measure_last_step(getattr(sched, "last_batch", None), now)
+        self.clocks.measure_last_step(getattr(sched, "last_batch", None), now, self._alone)
         self.budget = self.clocks.rotation_budget(
             None if self.engine is None else self.engine.host_pool.bytes_per_block)
         live = [r for r in running_batch.reqs if not r.finished()]
@@ -161,7 +162,8 @@ class RotaSchedRuntime:
     def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
         return planner.plan_step(queue, free, self.budget, now, self.params, policy,
-                                 self.sched.chunked_req is not None, bool(getattr(self.sched, "is_mixed_chunk", False)))
+                                 self.sched.chunked_req is not None, bool(getattr(self.sched, "is_mixed_chunk", False)),
+                                 self.cfg.mix_prefill)
 
     # ---- rotate ------------------------------------------------------------------------------
     def _forced(self, live: list[Any], chosen: list[Any]) -> list[Any]:
@@ -244,14 +246,22 @@ class RotaSchedRuntime:
         before = list(sched.waiting_queue)
         offered = {id(r) for r in order}
         configured = sched.chunked_prefill_size
+        mixed = getattr(sched, "is_mixed_chunk", None)  # SGLang reads it only within this call
         try:
             sched.waiting_queue = list(order)
+            alone = bool(mixed) and not planner.mixes(self._decision, list(self.store.resume_locks))
+            if alone:
+                sched.is_mixed_chunk = False  # nobody running needs this prefill mixed (planner.plan_step)
             # the policy's prefill cap: this step's chunk size, lowered so the step keeps tight TBT SLOs
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
             sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
             plan = original(sched, running_batch)
+            if alone and running_batch.reqs:  # the cost meter leaves its time out
+                self._alone = getattr(plan, "batch_to_run", None)
         finally:
             sched.chunked_prefill_size = configured
+            if mixed is not None:
+                sched.is_mixed_chunk = mixed
             after = sched.waiting_queue
             kept = {id(r) for r in after}
             admitted = [r for r in order if id(r) not in kept]

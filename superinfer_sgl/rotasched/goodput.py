@@ -42,42 +42,17 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from superinfer_sgl.rotasched.costs import StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
+from superinfer_sgl.rotasched.step_size import JITTER_Z, MIN_PREFILL_CHUNK, mix_needed, prefill_cap, protected
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 ROTATION_AMORTIZE = 20
 RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio for fixed-length requests (docs/architecture.md)
-# Tokens: the prefill cap never goes below this, so prefills always progress. No higher: on a slow
-# (CPU) server the computed cap sits below a larger floor most of the time, which would override the
-# cap it exists for; no lower: the cost meter learns the per-token cost from prefills of at least
-# this size (costs.MIN_PREFILL_TOKENS), so capped steps keep that estimate current.
-MIN_PREFILL_CHUNK = 32
-CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO (prefill_cap) ...
-JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
-SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
-
-
-@dataclass(frozen=True, slots=True)
-class StepCosts:
-    """What the server measured its steps to cost, in seconds (`CostMeter` keeps them current)."""
-
-    prefill_s_per_token: float  # marginal prefill time per computed token
-    prefill_base_s: float  # a prefill's fixed time on top of the decode step it rides with (mixed chunk)
-    decode_step_s: float  # one decode iteration of the current batch (its fixed time included)
-    rotation_s: float  # the server's extra time for one rotation (out and back), beyond its copies
-    # Relative spread of single steps around these means (RMS of step / predicted - 1): noticeable
-    # on a shared CPU; 0 when unmeasured or deterministic.
-    step_cv: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("prefill_s_per_token", "prefill_base_s", "decode_step_s", "rotation_s", "step_cv"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,27 +149,6 @@ def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
     return all(gap <= v.tbt_slo for v in running if v.misses_left == 0 and not lost(v))
 
 
-def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
-    """Prefill tokens one iteration may carry so that the step (one decode step plus the prefill)
-    stays within `cap_share` of the TBT SLO of every viable running request with at most
-    SPARE_MISSES gaps left to miss; None when no such request runs (the configured chunk size
-    stands). A mixed step's prefill makes every running request's next gap; without the cap one
-    long chunk on a slow server is a missed gap for the whole batch. At least
-    MIN_PREFILL_CHUNK.
-
-    Why the margins: the costs are averages and a real step varies around them (a mixed step also
-    grows the batch it decodes), so a step aimed exactly at the SLO misses about half the time;
-    and a request protected only at its last spare gap loses its TBT to the first unforeseen stall
-    (a rotation, a slow step). Where single steps spread (`StepCosts.step_cv`), the share shrinks
-    further (`cap_share`)."""
-    tight = [v.tbt_slo for v in views
-             if v.state is _RUNNING and v.ttft_met is True and 0 <= v.misses_left <= SPARE_MISSES]
-    if not tight or costs.prefill_s_per_token <= 0:
-        return None
-    room = cap_share(costs.step_cv) * min(tight) - costs.decode_step_s - costs.prefill_base_s
-    return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))
-
-
 def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, gp: GoodputParams,
                     cap: int | None) -> int | None:
     """Prefill tokens this step may carry so that the requests whose first token it produces still
@@ -235,14 +189,6 @@ def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, g
     if limit == math.inf or (cap is not None and limit >= cap):
         return None
     return int(limit)
-
-
-def cap_share(step_cv: float) -> float:
-    """The share of the TBT SLO a capped step is aimed at: CAP_TBT_SHARE, or less where steps
-    spread so much that a step aimed there would exceed the SLO more than ~10% of the time (a
-    step's time taken as its mean times 1 + step_cv x a standard normal); with no spread it is
-    CAP_TBT_SHARE."""
-    return min(CAP_TBT_SHARE, 1.0 / (1.0 + JITTER_Z * step_cv))
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +292,13 @@ class GoodputLvf:
 
     def capped(self, chunk: int) -> GoodputLvf:
         return dataclasses.replace(self, chunk=chunk)
+
+    def mixes(self, views: list[ReqView], prefill_tokens: int | None) -> bool:
+        """`mix_needed`; `prefill_tokens` None: unknown (a split prompt's rest), so any protected
+        request needs it."""
+        if prefill_tokens is None:
+            return bool(protected(views, self.params.costs))
+        return mix_needed(views, prefill_tokens, self.params.costs)
 
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:

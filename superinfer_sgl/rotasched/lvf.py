@@ -44,6 +44,9 @@ class Decision:
     # The most prefill tokens this iteration may carry (the policy's `step_cap`: the executor's
     # chunk size for this step, if smaller than the configured one); None: the configured size.
     prefill_cap: int | None = None
+    # Whether this iteration's prefill rides with the decode batch (SGLang's mixed chunk, where the
+    # server enables it); the policy's `mixes` decides (planner.mixes for the executor's answer).
+    mix: bool = True
 
     def __post_init__(self) -> None:
         moved = self.admit + self.resume + self.rotate_out

@@ -86,6 +86,11 @@ class LvfPolicy(Protocol):
         """This policy for a step whose prefills are capped at `chunk` tokens."""
         ...
 
+    def mixes(self, views: list[ReqView], prefill_tokens: int | None) -> bool:
+        """Whether a step prefilling `prefill_tokens` (None: unknown) rides with the decode batch
+        where the server mixes (`views`: the running ones)."""
+        ...
+
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:
         """The step's prefill cap once `admitted` (in offer order) are chosen (`views`: the running
@@ -176,6 +181,9 @@ class PaperLvf:
 
     def capped(self, chunk: int) -> PaperLvf:
         return self
+
+    def mixes(self, views: list[ReqView], prefill_tokens: int | None) -> bool:
+        return True
 
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from superinfer_sgl.sim import capacity, capacity_validate, plan, scale_profile
 from superinfer_sgl.sim import validate as validate_defaults
+from superinfer_sgl.rotasched.planner import MIX_PREFILL
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
 from superinfer_sgl.sim.runner import Job, run_jobs
@@ -135,6 +136,8 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vlt", type=float, nargs=3, default=(3.0, 0.5, 0.0), metavar=("ALPHA", "B_TTFT", "B_TBT"))
     p.add_argument("--lookahead", action="store_true", help="transfers overlap compute")
     p.add_argument("--mixed-chunk", action="store_true", help="prefill batches also decode (SGLang mixed chunk)")
+    p.add_argument("--mix-prefill", choices=MIX_PREFILL, default=SimConfig.mix_prefill,
+                   help="our policies with --mixed-chunk: the server's --mix-prefill")
     p.add_argument("--min-stint-s", type=float, default=None,
                    help="LVF may not rotate out a request running for less than this (default: 0, the "
                           "paper's rule, for the lvf-* policies; the server's default for goodput and paper)")
@@ -158,7 +161,7 @@ def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
                None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
-               measured_costs=not a.profile_costs, running_reserve=a.running_reserve)
+               measured_costs=not a.profile_costs, running_reserve=a.running_reserve, mix_prefill=a.mix_prefill)
 
 
 def _capacity(a: argparse.Namespace) -> None:

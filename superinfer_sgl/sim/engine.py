@@ -86,7 +86,8 @@ class Simulator:
         self._trace_f = [f for _, f in self.config.speed_trace]
         self.stats = SimStats()
         # The last iteration as the server times it: (seconds, prefill tokens, decode rows).
-        self.last_step: tuple[float, int, int] | None = None
+        # (seconds, prefill tokens, decode rows, a prefill run alone beside running requests)
+        self.last_step: tuple[float, int, int, bool] | None = None
         self._jitter = _jitter(self.config.step_jitter, self.config.jitter_seed)
         self._next = 0  # next arrival index
         self._done = 0
@@ -118,9 +119,10 @@ class Simulator:
         self._out = self._in = 0.0
         plan = self.policy.plan(self)
         self._apply(plan)
+        alone = self.config.mixed_chunk and not plan.mix and bool(self.running)  # (before the admissions)
         batch = self._admit(plan.admit, plan.chunk_tokens)
         tokens, pairs, restored = self._prefill(batch) if batch else (0, 0.0, 0)
-        decoding = self._decode() if not batch or self.config.mixed_chunk else []
+        decoding = self._decode() if not batch or (self.config.mixed_chunk and plan.mix) else []
         if batch and decoding:
             self._mark_mixed(decoding)
         context = sum([r.kv for r in decoding])
@@ -139,7 +141,7 @@ class Simulator:
             self._idle()
             return
         self._account(plan, xfer, compute, bool(batch))
-        self.last_step = (dt, tokens, len(decoding))
+        self.last_step = (dt, tokens, len(decoding), alone and bool(batch))
         self.now += dt
         self._send_unsent(self.now)
         self._emit(decoding, joined=False)

@@ -77,6 +77,7 @@ class Job:
     step_jitter: float = 0.0  # SimConfig.step_jitter, seeded with the workload's seed
     measured_costs: bool = SimConfig.measured_costs  # the server's meter; False: the profile's costs
     running_reserve: float | None = None  # SimConfig.running_reserve (None: the policy's)
+    mix_prefill: str = SimConfig.mix_prefill  # SimConfig.mix_prefill
     tags: dict = field(default_factory=dict)
 
     def config(self) -> SimConfig:
@@ -85,7 +86,8 @@ class Job:
                          ignore_eos=self.ignore_eos, min_stint_s=self.stint_s(),
                          max_best_effort_wait_s=self.max_best_effort_wait_s,
                          step_jitter=self.step_jitter, jitter_seed=self.seed,
-                         measured_costs=self.measured_costs, running_reserve=self.running_reserve)
+                         measured_costs=self.measured_costs, running_reserve=self.running_reserve,
+                         mix_prefill=self.mix_prefill)
 
     def stint_s(self) -> float | None:
         """The quantum: as given; else None (the server's default) for our server's policies,

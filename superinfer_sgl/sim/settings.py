@@ -19,6 +19,7 @@ class SimConfig:
     drain_s: float = 1800.0  # simulated time allowed after the last arrival
     lookahead: bool = False  # transfers overlap the iteration's compute (DuplexKV lookahead)
     mixed_chunk: bool = False  # SGLang --enable-mixed-chunk: a prefill batch also decodes
+    mix_prefill: str = "always"  # our policies with mixed_chunk: the server's --mix-prefill
     # The runtime's rotation quantum (--min-stint-ms): a running request is not rotatable before
     # it has run this long in its current stint. 0: the paper's rule; None: the policy's default
     # (rotasched.planner.quantum_s), as the server's.
@@ -48,5 +49,6 @@ class SimConfig:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
         assert 0 <= self.step_jitter < 10, self.step_jitter
         assert self.running_reserve is None or 0 < self.running_reserve <= 1, self.running_reserve
+        assert self.mix_prefill in ("needed", "always"), self.mix_prefill  # planner.MIX_PREFILL
         assert all(f > 0 for _, f in self.speed_trace), self.speed_trace
         assert [t for t, _ in self.speed_trace] == sorted(t for t, _ in self.speed_trace), self.speed_trace

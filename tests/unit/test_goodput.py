@@ -101,17 +101,30 @@ def test_a_capped_prefill_counts_one_decode_step_per_chunk() -> None:
 def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
     # A running request with no gap to spare caps this step's prefill at its floor, so a
     # 300-token prompt takes ten capped steps, not one: it can no longer make its TTFT.
+    import dataclasses
+
     from superinfer_sgl.rotasched.planner import plan_step
-    costs = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.0, decode_step_s=0.08, rotation_s=0.0)
+    costs = StepCosts(prefill_s_per_token=1e-3, prefill_base_s=0.0, decode_step_s=0.06, rotation_s=0.0)
     gp = GoodputParams(costs, max_best_effort_wait_s=30.0)
     tight = running("t", 1.0, misses_left=0, tbt=0.1, blocks=10)
     late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
-    d = plan_step([late, fresh, tight], 10, 0, NOW, P, GoodputLvf(gp), False)
-    assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
+    d = plan_step([late, fresh, tight], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
+    assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",) and d.mix
     roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no TBT cap,
-    d = plan_step([late, fresh, roomy], 10, 0, NOW, P, GoodputLvf(gp), False)
-    # only late's own deadline (0.6 s left: one step of at most ~520 tokens, deadline_budget)
-    assert d.prefill_cap in (519, 520) and d.admit == ("late",)
+    d = plan_step([late, fresh, roomy], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
+    # only late's own deadline (0.6 s left: one step of at most ~540 tokens, deadline_budget);
+    # mixed while fresh waits (a mixed step saves the running batch a decode step: throughput)
+    assert d.prefill_cap in (539, 540) and d.admit == ("late",) and d.mix
+    # nobody left waiting and nobody running needs it: the prefill runs alone
+    d = plan_step([late, roomy], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
+    assert d.prefill_cap in (539, 540) and d.admit == ("late",) and not d.mix
+    assert plan_step([late, roomy], 10, 0, NOW, P, GoodputLvf(gp), False).mix  # the default: always
+    assert plan_step([late, tight], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed").mix
+    # a decode step of 80 ms: even the floor's step (112 ms) breaks the 100 ms TBT, so capping
+    # protects nobody: as with gaps to spare
+    slow = GoodputLvf(dataclasses.replace(gp, costs=dataclasses.replace(costs, decode_step_s=0.08)))
+    d = plan_step([late, tight], 10, 0, NOW, P, slow, False)
+    assert d.prefill_cap in (519, 520) and d.admit == ("late",) and d.mix
 
 
 def test_starvation_bound_promotes_a_best_effort_request_to_the_head_of_the_line() -> None:
@@ -280,7 +293,7 @@ def test_admission_order_restored_then_lvf_then_rest_or_only_the_blocked() -> No
 
 
 def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
-    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, MIN_PREFILL_CHUNK, SPARE_MISSES, prefill_cap
+    from superinfer_sgl.rotasched.step_size import CAP_TBT_SHARE, MIN_PREFILL_CHUNK, SPARE_MISSES, prefill_cap
     from superinfer_sgl.rotasched.planner import chunk_tokens, plan_step
 
     # 20 ms decode step, 1 ms per prefill token: a step aimed at 90% of a 100 ms TBT leaves room
@@ -296,8 +309,11 @@ def test_prefill_cap_keeps_tight_running_requests_within_their_tbt() -> None:
     assert prefill_cap([running("gone", 1.0, misses_left=-1)], COSTS) is None
     assert prefill_cap([running("l", 1.0, misses_left=0, ttft_met=False)], COSTS) is None
     assert prefill_cap([waiting("w", 0.1)], COSTS) is None
-    # a TBT the decode step alone breaks still lets prefills progress
-    assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.01)], COSTS) == MIN_PREFILL_CHUNK
+    # a TBT that even the floor's step (20 + 32 ms) breaks is not protected: capping would only add
+    # steps; just above the floor, the floor stands (prefills always progress)
+    assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.051)], COSTS) is None
+    assert prefill_cap([running("y", 1.0, misses_left=0, tbt=0.053)], COSTS) == MIN_PREFILL_CHUNK
+    assert prefill_cap([running("x", 1.0, misses_left=0, tbt=0.051), tight], COSTS) == 70
     # the planner carries it in the decision (goodput only); the executor's chunk is the lower one
     d = plan_step([tight, waiting("w", 0.1)], 100, 0, NOW, P, GoodputLvf(GP), False)
     assert d.prefill_cap == 70 and chunk_tokens(512, d) == 70 and chunk_tokens(64, d) == 64
@@ -327,7 +343,7 @@ def test_rotation_budget_is_the_flag_else_one_step_of_the_measured_link_within_t
 def test_prefill_cap_aims_lower_where_steps_spread() -> None:
     import dataclasses
 
-    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, JITTER_Z, cap_share, prefill_cap
+    from superinfer_sgl.rotasched.step_size import CAP_TBT_SHARE, JITTER_Z, cap_share, prefill_cap
 
     tight = [running("t", 1.0, misses_left=0, tbt=0.1)]
     costs = dataclasses.replace(COSTS, prefill_s_per_token=5e-4)  # 0.5 ms per token: room above the floor
@@ -342,7 +358,7 @@ def test_prefill_cap_aims_lower_where_steps_spread() -> None:
 
 @given(st.floats(0.0, 5.0), st.floats(0.0, 5.0))
 def test_cap_share_never_grows_with_the_spread(a: float, b: float) -> None:
-    from superinfer_sgl.rotasched.goodput import CAP_TBT_SHARE, cap_share
+    from superinfer_sgl.rotasched.step_size import CAP_TBT_SHARE, cap_share
 
     lo, hi = sorted((a, b))
     assert 0 < cap_share(hi) <= cap_share(lo) <= CAP_TBT_SHARE
@@ -423,7 +439,7 @@ def test_deadline_budget_waits_for_first_tokens_streamed_after_the_next_step() -
 @given(_views, st.integers(0, 120), st.booleans(), st.sampled_from([1e-4, 1e-3, 1e-2]))
 def test_the_step_cap_only_ever_lowers_and_keeps_the_floor(views: list[ReqView], free: int, lagged: bool,
                                                            per_token: float) -> None:
-    from superinfer_sgl.rotasched.goodput import prefill_cap
+    from superinfer_sgl.rotasched.step_size import prefill_cap
     from superinfer_sgl.rotasched.planner import plan_step
 
     gp = GoodputParams(StepCosts(per_token, 0.001, 0.02, 0.0, 0.2), emit_after_next_step=lagged)

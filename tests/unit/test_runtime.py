@@ -134,6 +134,28 @@ def test_the_decisions_prefill_cap_is_the_steps_chunk_size() -> None:
     assert seen == [96, 512, 99] and rt.sched.chunked_prefill_size == 512  # restored after the step
 
 
+def test_a_step_the_decision_keeps_unmixed_runs_its_prefill_alone() -> None:
+    """`Decision.mix` False turns SGLang's mixed chunk off for that one call (unless a restored
+    request is queued: a resume's one-token extend rides along), and back on after it."""
+    rt = make_runtime(waiting=[FakeReq("a")])
+    seen: list[bool] = []
+
+    def original(sched: Any, running_batch: Any) -> None:
+        seen.append(sched.is_mixed_chunk)
+
+    rt.sched.is_mixed_chunk = True
+    for decision in (Decision(), Decision(mix=False)):
+        rt._decision = decision
+        rt._admit_in_order(original, rt.sched, FakeBatch([FakeReq("r1")]), [])
+    rt.store.resume_locks["resumed"] = object()
+    rt._admit_in_order(original, rt.sched, FakeBatch([FakeReq("r1")]), [])
+    del rt.store.resume_locks["resumed"]
+    rt.sched.is_mixed_chunk = False  # a server without mixed chunk stays without it
+    rt._decision = Decision()
+    rt._admit_in_order(original, rt.sched, FakeBatch([FakeReq("r1")]), [])
+    assert seen == [True, False, True, False] and rt.sched.is_mixed_chunk is False
+
+
 def test_slo_from_custom_params_and_bad_values_fall_back() -> None:
     rt = make_runtime()
     r = FakeReq("x")

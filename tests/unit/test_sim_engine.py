@@ -122,6 +122,24 @@ def test_mixed_chunk_decodes_during_prefill() -> None:
     assert sim.now == pytest.approx(0.075)
 
 
+def test_goodput_with_mix_prefill_needed_mixes_only_when_a_running_gap_needs_it() -> None:
+    """The profile's costs: a decode step of A alone 15 ms, B's 20-token prefill 20 ms more. Unmixed,
+    A's next token waits for B's prefill step and a decode step (50 ms); mixed, it comes with B's
+    prefill (35 ms) and B's first token 5 ms later (A's decode row). A 1 s TBT has room for 50 ms: B's
+    prefill runs alone, as on stock SGLang without mixed chunk. Against 50 ms (A has no gap to spare)
+    it rides with A's decode, as stock SGLang's mixed chunk always does."""
+    loose = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=1.0), policy="goodput", mixed_chunk=True,
+                measured_costs=False, mix_prefill="needed")
+    assert ttft(loose, 1) == pytest.approx(0.045) and list(loose.gaps)[0] == pytest.approx(0.05)
+    tight = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=0.05), policy="goodput", mixed_chunk=True,
+                measured_costs=False, mix_prefill="needed")
+    assert ttft(tight, 1) == pytest.approx(0.050) and list(tight.gaps)[0] == pytest.approx(0.035)
+    stock = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=1.0), mixed_chunk=True)
+    always = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=1.0), policy="goodput", mixed_chunk=True,
+                 measured_costs=False)  # --mix-prefill always, the default
+    assert ttft(stock, 1) == ttft(always, 1) == pytest.approx(0.050)
+
+
 def test_sglang_conservative_admission_blocks_the_queue_head() -> None:
     # 30 KV tokens; each request reserves prompt 10 + output 10 = 20: B waits for A to finish.
     sim = run(workload((0.0, 10, 10), (0.0, 10, 10)), prof=profile(kv_tokens=30))

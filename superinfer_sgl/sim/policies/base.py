@@ -46,7 +46,7 @@ class SimState(Protocol):
     @property
     def new_token_ratio(self) -> float: ...
     @property
-    def last_step(self) -> tuple[float, int, int] | None: ...  # (seconds, prefill tokens, decode rows)
+    def last_step(self) -> tuple[float, int, int, bool] | None: ...  # Simulator.last_step
     def page_round(self, tokens: int) -> int: ...
 
 
@@ -58,6 +58,7 @@ class Plan:
     retract: list[SimReq] = field(default_factory=list)  # RUNNING -> WAITING, recomputed later
     sched_s: float = 0.0  # CPU time of the decision, added to the iteration
     chunk_tokens: int | None = None  # this step's chunked-prefill size, if lower than the server's
+    mix: bool = True  # with mixed_chunk: this step's prefill rides with the decode batch
 
 
 @dataclass(frozen=True, slots=True)

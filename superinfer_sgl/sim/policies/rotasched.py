@@ -13,7 +13,7 @@ from superinfer_sgl.rotasched import Decision, ReqState, ReqView
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
-from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, plan_step, quantum_s
+from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, mixes, plan_step, quantum_s
 from superinfer_sgl.rotasched.views import (
     CLIP_MAX_NEW_TOKENS,
     ViewRules,
@@ -55,7 +55,7 @@ class RotaSched(Policy):
         free = free_blocks(sim.free_tokens, self._running_reserve(sim), cfg.block_tokens)
         policy = self.policy_class.for_step(lambda: self._goodput(sim))
         d = plan_step(self._queue(views), free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None,
-                      cfg.mixed_chunk)
+                      cfg.mixed_chunk, cfg.mix_prefill)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
@@ -66,7 +66,7 @@ class RotaSched(Policy):
         order = admission_order([r.spec.rid for r in sim.waiting], restored, d)
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
         return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched,
-                    chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d))
+                    chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d), mix=mixes(d, restored))
 
     def _quantum(self, sim: SimState) -> float:
         """The rotation quantum: the configured one, else the server's default for this policy."""

@@ -1,0 +1,76 @@
+"""How much prefill a goodput step carries, and whether it rides with the decode batch: the
+goodput policy's stall-free chunking (`GoodputLvf.prefill_cap`, `GoodputLvf.mixes`).
+
+A mixed step (SGLang's mixed chunk) gives every running request its next token when the step's
+prefill ends, so the prefill makes their next gap: the cap keeps it within the TBT SLO of those
+that cannot spare a miss. An unmixed step gives the prefill's own first tokens sooner and makes
+the running requests wait one decode step more; the step mixes only when that would cost one of
+them its gap. Pure functions of the running views and the measured step costs.
+"""
+
+from __future__ import annotations
+
+from superinfer_sgl.rotasched.costs import MIN_PREFILL_TOKENS, StepCosts
+from superinfer_sgl.rotasched.request_view import ReqState, ReqView
+
+# Tokens: the prefill cap never goes below this, so prefills always progress. No higher: on a slow
+# (CPU) server the computed cap sits below a larger floor most of the time, which would override the
+# cap it exists for; no lower: the cost meter learns the per-token cost from prefills of at least
+# this size (costs.MIN_PREFILL_TOKENS), so capped steps keep that estimate current.
+MIN_PREFILL_CHUNK = MIN_PREFILL_TOKENS
+CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO (prefill_cap) ...
+JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
+SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss
+_RUNNING = ReqState.RUNNING
+
+
+def protected(views: list[ReqView], costs: StepCosts) -> list[ReqView]:
+    """The running requests a capped step protects: viable, first token met, at most SPARE_MISSES
+    gaps left to miss, and a TBT SLO that a step of MIN_PREFILL_CHUNK prefill tokens keeps. Where
+    even that step takes longer than the SLO (a saturated CPU, docs/results.md), chunking the
+    prefills would only add steps, each one a missed gap and a later first token."""
+    floor = costs.decode_step_s + costs.prefill_base_s + MIN_PREFILL_CHUNK * costs.prefill_s_per_token
+    return [v for v in views if v.state is _RUNNING and v.ttft_met is True
+            and 0 <= v.misses_left <= SPARE_MISSES and v.tbt_slo >= floor]
+
+
+def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
+    """Prefill tokens one iteration may carry so that the step (one decode step plus the prefill)
+    stays within `cap_share` of the TBT SLO of every `protected` running request; None when no
+    such request runs (the configured chunk size stands). A mixed step's prefill makes every
+    running request's next gap; without the cap one long chunk on a slow server is a missed gap
+    for the whole batch. At least MIN_PREFILL_CHUNK.
+
+    Why the margins: the costs are averages and a real step varies around them (a mixed step also
+    grows the batch it decodes), so a step aimed exactly at the SLO misses about half the time;
+    and a request protected only at its last spare gap loses its TBT to the first unforeseen stall
+    (a rotation, a slow step). Where single steps spread (`StepCosts.step_cv`), the share shrinks
+    further (`cap_share`)."""
+    if costs.prefill_s_per_token <= 0:
+        return None
+    tight = [v.tbt_slo for v in protected(views, costs)]
+    if not tight:
+        return None
+    room = cap_share(costs.step_cv) * min(tight) - costs.decode_step_s - costs.prefill_base_s
+    return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))
+
+
+def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts) -> bool:
+    """Whether this step's prefill of `prefill_tokens` should ride with the decode batch (SGLang's
+    mixed chunk): only when a `protected` running request would otherwise miss its next gap.
+    Unmixed, the prefill runs alone and the running requests' next token comes one decode step
+    after it (taken as a mixed step's time plus a decode step); mixed, it comes with the prefill,
+    whose own first tokens then come later by the decode rows' time (a few ms on a CPU: the
+    low-load TTFT tax, docs/results.md). Nobody else needs it: a request with gaps to spare may
+    spend one, as it does on stock SGLang."""
+    alone = 2 * costs.decode_step_s + costs.prefill_base_s + costs.prefill_s_per_token * prefill_tokens
+    share = cap_share(costs.step_cv)
+    return any(alone > share * v.tbt_slo for v in protected(views, costs))
+
+
+def cap_share(step_cv: float) -> float:
+    """The share of the TBT SLO a capped step is aimed at: CAP_TBT_SHARE, or less where steps
+    spread so much that a step aimed there would exceed the SLO more than ~10% of the time (a
+    step's time taken as its mean times 1 + step_cv x a standard normal); with no spread it is
+    CAP_TBT_SHARE."""
+    return min(CAP_TBT_SHARE, 1.0 / (1.0 + JITTER_Z * step_cv))
