@@ -56,4 +56,6 @@ def rota_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 def rota_server_no_overlap(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {"SUPERINFER_TEST_ROTATE_INTERVAL": "2", "SUPERINFER_VERIFY_ROTATION": "1",
            "SUPERINFER_TEST_HOLD_ROTARY_ITERS": "6"}
-    yield from _server(tmp_path_factory, "rota_no_overlap", [*COMMON, "--disable-overlap-schedule"], env=env)
+    # --mix-prefill needed: prefills the policy runs alone stay under the same lossless checks
+    yield from _server(tmp_path_factory, "rota_no_overlap", [*COMMON, "--disable-overlap-schedule",
+                                                              "--mix-prefill", "needed"], env=env)

@@ -237,6 +237,9 @@ class RotaSchedMetrics:
         self.kv_checks = Counter("superinfer_kv_verify", "Rotation KV byte checks (debug)", ["outcome"])
         self.duplex_steps = Counter("superinfer_duplex_steps",
                                     "Scheduling steps whose one rotation call moved KV both ways")
+        self.prefills_alone = Counter("superinfer_prefills_alone",
+                                      "Prefill batches run without the running requests' decode rows while "
+                                      "mixed chunk is on (--mix-prefill needed)")
         self.prefetches = Counter("superinfer_prefetches", "Rotary requests whose KV was prefetched",
                                   ["outcome"])
         self.prefetch_bytes = Counter("superinfer_prefetch_bytes",
@@ -304,7 +307,7 @@ class RotaSchedMetrics:
         """Advance counters by what changed since the last call (stats are plain ints)."""
         s = fig.stats
         for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
-                     "duplex_steps"):
+                     "duplex_steps", "prefills_alone"):
             self._advance(getattr(self, name), name, getattr(s, name))
         self._advance(self.shortage_rotations, "shortage_rotations", s.shortages.get(SHORTAGE_ROTATED, 0))
         for answer in SHORTAGE_ANSWERS:

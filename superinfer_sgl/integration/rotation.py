@@ -8,8 +8,7 @@ In: allocate device slots, copy the KV back, insert it into the radix tree under
 requeue the request: SGLang's prefill path then matches the whole restored prefix and extends only
 the last output token. The lock keeps eviction away until the request is admitted and holds its own.
 
-A step's outs and ins are one `RotationEngine.rotate` call (`rotate_step`): one device-to-host launch
-and one host-to-device launch, on separate copy lanes, so on a GPU both directions run at once.
+A step's outs and ins are one `RotationEngine.rotate` call (`rotate_step`): on a GPU, both at once.
 
 Sliding-window pools (SWAKVPool, `kv_adapter.window_rotation`): the engine moves the full-attention
 sub-pool; the window rows of the tokens still in the window are saved before the release and kept
@@ -54,6 +53,7 @@ class RotationStats:
     prefetch_cancelled: int = 0
     decisions: int = 0
     contended_decisions: int = 0
+    prefills_alone: int = 0  # prefill batches run unmixed beside running requests (--mix-prefill needed)
 
 
 @dataclass

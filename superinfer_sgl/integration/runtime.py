@@ -58,7 +58,7 @@ class RotaSchedRuntime:
         self.inbound_blocks = 0  # host blocks copied in by this step's resumes
         self.iteration = 0
         self._decision = Decision()  # the last step's decision (its prefill cap sizes the next chunk)
-        self._alone: Any = None  # the last prefill batch run unmixed beside running requests (its time unmetered)
+        self._alone: Any = None  # the last prefill batch run unmixed beside running requests (CostMeter)
         # Test knobs (config.TEST_KNOB_ENV): forced rotations and a minimum rotary hold.
         self.rotate_every, self.hold_rotary = cfg.test_rotate_interval, cfg.test_hold_rotary_iters
         self.broadcast: Callable[[object], object] = broadcast or (lambda obj: obj)
@@ -256,8 +256,9 @@ class RotaSchedRuntime:
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
             sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
             plan = original(sched, running_batch)
-            if alone and running_batch.reqs:  # the cost meter leaves its time out
+            if alone and running_batch.reqs:  # the cost meter keeps its time apart
                 self._alone = getattr(plan, "batch_to_run", None)
+                self.stats.prefills_alone += self._alone is not None
         finally:
             sched.chunked_prefill_size = configured
             if mixed is not None:

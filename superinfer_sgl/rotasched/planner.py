@@ -89,7 +89,8 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     pending = queue.pending.views
     admitted: list[ReqView] = [pending[rid] for rid in decision.admit]
     mix = mixed
-    if mixed and mix_prefill == "needed" and not decision.resume and admitted and len(queue.pending) == len(admitted):
+    nobody_left = bool(admitted) and len(queue.pending) == len(admitted)  # every queued request admitted
+    if mixed and mix_prefill == "needed" and not decision.resume and nobody_left:
         # a split prompt's rest is not in the views: unknown, the policy assumes the worst
         mix = policy.mixes(queue.running, None if chunked_active else sum(v.prefill_tokens for v in admitted))
     cap = policy.step_cap(queue.running, admitted, now, cap if mix else None)

@@ -4,8 +4,9 @@ goodput policy's stall-free chunking (`GoodputLvf.prefill_cap`, `GoodputLvf.mixe
 A mixed step (SGLang's mixed chunk) gives every running request its next token when the step's
 prefill ends, so the prefill makes their next gap: the cap keeps it within the TBT SLO of those
 that cannot spare a miss. An unmixed step gives the prefill's own first tokens sooner and makes
-the running requests wait one decode step more; the step mixes only when that would cost one of
-them its gap. Pure functions of the running views and the measured step costs.
+the running requests wait one decode step more; with `--mix-prefill needed` a step that leaves
+nobody waiting mixes only when that would cost one of them its gap (planner.plan_step). Pure
+functions of the running views and the measured step costs.
 """
 
 from __future__ import annotations

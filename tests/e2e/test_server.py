@@ -132,6 +132,10 @@ def test_rotated_requests_equal_stock_alone(request: pytest.FixtureRequest, fixt
         delta('superinfer_prefetches_total{outcome="cancelled"}')
     if fixture == "rota_server_no_overlap":  # held rotary requests are prefetched a step early
         assert delta('superinfer_prefetches_total{outcome="hit"}') > 0
+        # --mix-prefill needed: some prefills ran alone beside running requests, outputs unchanged
+        assert delta("superinfer_prefills_alone_total") > 0
+    else:
+        assert delta("superinfer_prefills_alone_total") == 0  # the default mixes every prefill
     # KV bytes hashed at rotate-out equal the bytes the request reads after resuming.
     assert delta('superinfer_kv_verify_total{outcome="identical"}') > 0
     # Lossless: every re-admitted request reads exactly the bytes it saved (a tree prefix recomputed

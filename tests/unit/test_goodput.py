@@ -273,6 +273,54 @@ def test_cost_meter_prices_long_prompts_at_the_slope_when_a_decode_floor_hides_s
     assert math.isclose(p.costs.prefill_s_per_token, 2e-4) and p.observed["decode"] == 0
 
 
+def test_cost_meter_keeps_prefills_run_alone_on_their_own_line() -> None:
+    """A CPU's steps (the cpu profile's shape): a forward costs 30 ms fixed, 1 ms per prefill token
+    and 0.8 ms per decode row. A mixed step's prefill adds only its tokens to the decode step; a
+    prefill run alone beside the running batch (--mix-prefill needed) pays the 30 ms itself. Read as
+    a mixed step's, that 30 ms became every mixed step's prefill base, and the TBT cap and the
+    mixing rule then priced a mixed step a decode step too long (the simulator showed the policy
+    stop protecting anyone)."""
+    def step(tokens: int, rows: int) -> float:
+        return 0.03 + 1e-3 * tokens + 8e-4 * rows
+
+    sizes = [32, 64, 128, 256, 512]
+    both = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    for i in range(200):
+        n = sizes[i % len(sizes)]
+        both.observe_step(step(0, 10), 0, 10)
+        both.observe_step(step(n, 10), n, 10)  # mixed
+        both.observe_step(step(n, 0), n, 0, alone=True)
+    c = both.costs
+    assert c.prefill_base_s < 1e-3 and abs(c.prefill_s_per_token / 1e-3 - 1) < 0.02
+    mixed_only = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    for i in range(200):
+        n = sizes[i % len(sizes)]
+        mixed_only.observe_step(step(0, 10), 0, 10)
+        mixed_only.observe_step(step(n, 10), n, 10)
+    assert math.isclose(c.prefill_base_s, mixed_only.costs.prefill_base_s, abs_tol=1e-4)
+    # without the flag the same steps pull the mixed line's base up to the forward's fixed time
+    merged = CostMeter(StepCosts(0.0, 0.0, 0.0, 0.0))
+    for i in range(200):
+        n = sizes[i % len(sizes)]
+        merged.observe_step(step(0, 10), 0, 10)
+        merged.observe_step(step(n, 10), n, 10)
+        merged.observe_step(step(n, 0), n, 0)
+    assert merged.costs.prefill_base_s > 0.01
+
+
+def test_mixing_is_needed_only_for_a_gap_a_protected_request_would_miss() -> None:
+    from superinfer_sgl.rotasched.step_size import mix_needed, protected
+
+    # 20 ms decode, 1 ms per token: alone, a 40-token prefill makes the gap 2 x 20 + 40 = 80 ms
+    tight = running("t", 1.0, misses_left=0, tbt=0.1)
+    assert not mix_needed([tight], 40, COSTS)  # 80 ms < 90% of 100 ms
+    assert mix_needed([tight], 60, COSTS)  # 100 ms
+    assert not mix_needed([running("s", 1.0, misses_left=5, tbt=0.1)], 60, COSTS)  # gaps to spare
+    # a TBT the floor's step (20 + 32 ms) cannot keep: not protected, so no reason to mix
+    hopeless = running("h", 1.0, misses_left=0, tbt=0.05)
+    assert protected([hopeless, tight], COSTS) == [tight] and not mix_needed([hopeless], 60, COSTS)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 20000),
                           st.one_of(st.floats(-1.0, 100.0), st.sampled_from([math.nan, math.inf]))),
