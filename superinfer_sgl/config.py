@@ -306,11 +306,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "into device memory no one else needs this iteration (one request at a time)")
     g.add_argument("--mixed-resume", action=argparse.BooleanOptionalAction, default=d.mixed_resume,
                    help="with rotasched, enable SGLang's mixed chunked prefill so a resumed request's "
-                        "one-token extend rides along with the decode batch instead of stalling it. Other "
-                        "prefills ride along when the policy says: goodput only when a running request "
-                        "would otherwise miss its next gap (a mixed step keeps the running requests' pace "
-                        "and makes a new request's first token a little later), paper always "
-                        "(docs/architecture.md)")
+                        "one-token extend rides along with the decode batch instead of stalling it; other "
+                        "prefills ride along too, as --mix-prefill says (a mixed step keeps the running "
+                        "requests' pace and makes a new request's first token a little later)")
     g.add_argument("--mix-prefill", choices=MIX_PREFILL, default=d.mix_prefill,
                    help="with mixed chunk: always (default) mixes every prefill; needed runs a prefill "
                         "alone when nobody else waits and no running request would miss its next gap "
