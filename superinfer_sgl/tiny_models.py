@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +35,9 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, FFN = 32, 2, 1, 16, 2, 64
 MAX_POSITIONS = 4096
 SLIDING_WINDOW = 8
 TIED_EMBED_STD = 0.05
+# transformers builds and loads models under process-wide switches (torch's default dtype, its
+# logging, class patches): hold this to build or load one model at a time in a threaded process.
+TRANSFORMERS_LOCK = threading.RLock()
 # Files of the default model folder that are not its config or weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -174,6 +178,17 @@ def _seeded_weights(model: Any, seed: int) -> None:
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
 
+def _check_tied(model: Any, family: str) -> None:
+    """A config that ties the lm_head to the embeddings must get one tensor for both: SGLang reads
+    such a checkpoint as tied whatever it holds, transformers would not (a second, different
+    lm_head in the file)."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embed.weight:
+        raise TinyModelError(f"{family}: transformers built the lm_head untied although the config ties it")
+
+
 def write_tiny_model(family: str, out: Path | str, *, tokenizer_dir: Path | str, seed: int = 0) -> Path:
     """Write FAMILY's tiny model into `out` (created; existing files overwritten) and return it.
     `tokenizer_dir`: where the tokenizer files come from (the CLI passes the prepared default model,
@@ -186,21 +201,23 @@ def write_tiny_model(family: str, out: Path | str, *, tokenizer_dir: Path | str,
     copied = [f for f in TOKENIZER_FILES if (Path(tokenizer_dir) / f).is_file()]
     if "tokenizer.json" not in copied:
         raise TinyModelError(f"{tokenizer_dir} has no tokenizer.json")
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        _seeded_weights(model, seed)
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        # save_pretrained writes checkpoint names (transformers 5 fuses MoE experts in memory and
-        # splits them again on save: one matrix per expert, as SGLang's loaders read them).
-        model.to(torch.bfloat16).save_pretrained(out)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+    with TRANSFORMERS_LOCK:
+        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            _check_tied(model, family)
+            _seeded_weights(model, seed)
+            out = Path(out)
+            out.mkdir(parents=True, exist_ok=True)
+            # save_pretrained writes checkpoint names (transformers 5 fuses MoE experts in memory and
+            # splits them again on save: one matrix per expert, as SGLang's loaders read them).
+            model.to(torch.bfloat16).save_pretrained(out)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
     cfg = json.loads((out / "config.json").read_text())
     cfg["superinfer_tiny"] = {"family": family, "seed": seed}
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")

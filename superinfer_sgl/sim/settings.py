@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superinfer_sgl.config import SuperInferConfig
+from superinfer_sgl.rotasched.planner import MIX_PREFILL
 from superinfer_sgl.rotasched.vlt import VltParams
 
 
@@ -49,6 +50,6 @@ class SimConfig:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self
         assert 0 <= self.step_jitter < 10, self.step_jitter
         assert self.running_reserve is None or 0 < self.running_reserve <= 1, self.running_reserve
-        assert self.mix_prefill in ("needed", "always"), self.mix_prefill  # planner.MIX_PREFILL
+        assert self.mix_prefill in MIX_PREFILL, self.mix_prefill
         assert all(f > 0 for _, f in self.speed_trace), self.speed_trace
         assert [t for t, _ in self.speed_trace] == sorted(t for t, _ in self.speed_trace), self.speed_trace

@@ -39,6 +39,7 @@ import sglang
 
 from serverutil import STARTUP_TIMEOUT_S, Server, generate, start_server
 from superinfer_sgl.tiny_models import FAMILIES as TINY_FAMILIES
+from superinfer_sgl.tiny_models import TRANSFORMERS_LOCK
 
 pytestmark = pytest.mark.e2e
 
@@ -88,8 +89,9 @@ def _hf_greedy(folder: Path) -> dict[str, list[int]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with TRANSFORMERS_LOCK:  # the next family's model may be written meanwhile, by another thread
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     out = {}
     with torch.no_grad():  # plain argmax steps (EOS included: the server runs with ignore_eos)
         for p in PROMPTS:

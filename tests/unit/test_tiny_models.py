@@ -123,6 +123,36 @@ def test_checkpoint_names_one_matrix_per_expert(written: dict[str, Path]) -> Non
     assert "lm_head.weight" not in _keys(written["llama"])  # tied
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_tied_lm_head_is_not_written(family: str, written: dict[str, Path]) -> None:
+    """SGLang reads a tied family's lm_head from the embeddings whatever the file holds; a second,
+    different lm_head in it would make transformers decode another model."""
+    assert ("lm_head.weight" in _keys(written[family])) == (not tiny_config(family).tie_word_embeddings)
+
+
+def test_writes_from_threads_give_the_serial_bytes(written: dict[str, Path], tokenizer_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """The e2e families test writes the next family's model while another thread loads one."""
+    import concurrent.futures as cf
+
+    jobs = [(f, i) for i in range(2) for f in ("gemma2", "mixtral", "llama")]
+    with cf.ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(lambda j: write_tiny_model(j[0], tmp_path / f"{j[0]}-{j[1]}", seed=0,
+                                                       tokenizer_dir=tokenizer_dir), jobs))
+    for (family, _), folder in zip(jobs, out):
+        assert _digest(folder / "model.safetensors") == _digest(written[family] / "model.safetensors"), family
+
+
+def test_an_untied_head_under_a_tying_config_is_refused() -> None:
+    import torch
+
+    cfg = tiny_config("llama")
+    model = type("M", (), {"config": cfg, "get_input_embeddings": lambda self: torch.nn.Embedding(4, 2),
+                           "get_output_embeddings": lambda self: torch.nn.Linear(2, 4)})()
+    with pytest.raises(TinyModelError, match="untied"):
+        tiny_models._check_tied(model, "llama")
+
+
 def test_weights_are_not_flat(written: dict[str, Path]) -> None:
     """Matrices are N(0, 1/fan_in), not HF's 0.02 init (near-flat logits, fragile greedy ties)."""
     with safe_open(str(written["llama"] / "model.safetensors"), "pt") as f:
