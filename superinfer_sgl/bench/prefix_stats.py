@@ -1,6 +1,7 @@
 """The prefix-cache A/B's numbers: per arm and workload, and ours against each stock policy with
 paired 95% bootstrap intervals (scipy) over the same requests (with `prefix_ab --paired`: over the
-requests of the runs made side by side, `beside`).
+requests of the runs made side by side, `beside`) and, as the CPU A/Bs report it, a t interval
+over the per-repeat differences (the spread between runs, which the requests' bootstrap leaves out).
 
 hit share      cached prompt tokens / prompt tokens (SGLang's meta_info cached_tokens)
 TTFT att.      share of requests whose first token came within the TTFT SLO (a failed request misses)
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from .stats import mean_interval
 
 # our arms (ours-radix: our launcher with SGLang's radix cache, a reference; goodput-*: our default
 # scheduler told the run's SLOs); every other arm is stock
@@ -120,12 +123,18 @@ def _paired(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, Any]], 
     def mean_diff(x, y, axis=-1):  # noqa: ANN001, ANN202
         return y.mean(axis) - x.mean(axis)
 
-    out: dict[str, Any] = {"pairs": len(keys),
+    reps = np.array([k[0] for k in keys])
+    out: dict[str, Any] = {"pairs": len(keys), "repeats": len(set(reps.tolist())),
                            "hit_share": float(share_diff(ca, pa, cb, pb)),
                            "hit_share_ci": _ci((ca, pa, cb, pb), share_diff)}
     for j, name in enumerate(("ttft_attainment", "joint_attainment")):
         out[name] = float(ib[:, j].mean() - ia[:, j].mean())
         out[name + "_ci"] = _ci((ia[:, j], ib[:, j]), mean_diff)
+        # the runs' own spread (a pair's machine phase, its cores), which the request bootstrap
+        # does not see: one difference per repeat, a t interval over them
+        per = [float(ib[reps == r, j].mean() - ia[reps == r, j].mean()) for r in sorted(set(reps.tolist()))]
+        out[name + "_per_repeat"] = per
+        out[name + "_repeat_ci"] = mean_interval(per)
     return out
 
 
@@ -199,12 +208,13 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"| {r['ttft_p50_s']:.1f} / {r['ttft_p90_s']:.1f} | {r['throughput_tok_s']:.2f} "
                      f"| {r['peak_token_usage']:.2f} |")
     lines += ["", "| workload | ours - stock | pairs | hit share, points (95% CI) | TTFT att., points (95% CI) "
-              "| joint att., points (95% CI) |", "|---|---|---|---|---|---|"]
+              "[repeat] | joint att., points (95% CI) [repeat] |", "|---|---|---|---|---|---|"]
     for d in summary["ours_minus_stock"]:
         if not d.get("pairs"):
             continue
         lines.append(f"| {d['workload']} | {d['ours']} - {d['baseline']} | {d['pairs']} | {d['hit_share'] * 100:+.1f} "
                      f"({_ci_text(d['hit_share_ci'])}) | {d['ttft_attainment'] * 100:+.1f} "
-                     f"({_ci_text(d['ttft_attainment_ci'])}) | {d['joint_attainment'] * 100:+.1f} "
-                     f"({_ci_text(d['joint_attainment_ci'])}) |")
+                     f"({_ci_text(d['ttft_attainment_ci'])}) [{_ci_text(d.get('ttft_attainment_repeat_ci'))}] "
+                     f"| {d['joint_attainment'] * 100:+.1f} ({_ci_text(d['joint_attainment_ci'])}) "
+                     f"[{_ci_text(d.get('joint_attainment_repeat_ci'))}] |")
     return "\n".join(lines)

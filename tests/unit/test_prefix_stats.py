@@ -72,3 +72,28 @@ def test_with_two_of_our_arms_each_stock_run_pairs_with_the_arm_it_ran_beside() 
     assert diffs["predictive+host"]["ttft_attainment"] == pytest.approx(0.0)
     lru = next(r for r in summarize(runs, 200.0, 1000.0)["table"] if r["arm"] == "lru")
     assert set(lru["per_repeat"]) == {"0 beside predictive", "0 beside predictive+host"}
+
+
+def test_the_repeat_interval_holds_the_spread_between_runs() -> None:
+    """Three repeats whose differences disagree (+0.5, 0, -0.5 of TTFT attainment): the request
+    bootstrap over 3 x 8 requests is narrower than the t interval over the three differences,
+    which straddles zero; where every repeat agrees the repeat interval is left out (n/a)."""
+    n = 8
+
+    def rep(run: dict, r: int) -> dict:
+        return {**run, "rep": r}
+
+    runs = []
+    for r, stock_ttft in enumerate(([0.5] * 4 + [0.1] * 4, [0.1] * n, [0.1] * n)):
+        ours_ttft = [0.1] * 4 + [0.5] * 4 if r == 2 else [0.1] * n
+        runs += [rep(_run("tenants", "predictive+host", [80] * n, ours_ttft), r),
+                 rep(_run("tenants", "lru", [40] * n, stock_ttft), r)]
+    d = summarize(runs, 200.0, 1000.0)["ours_minus_stock"][0]
+    assert d["repeats"] == 3 and d["ttft_attainment_per_repeat"] == pytest.approx([0.5, 0.0, -0.5])
+    lo, hi = d["ttft_attainment_repeat_ci"]
+    assert lo < 0 < hi and hi - lo > d["ttft_attainment_ci"][1] - d["ttft_attainment_ci"][0]
+    assert d["joint_attainment_repeat_ci"] == d["ttft_attainment_repeat_ci"]  # TBT met throughout
+    assert d["hit_share"] == pytest.approx(0.4)
+    one = summarize([x for x in runs if x["rep"] == 1], 200.0, 1000.0)
+    assert one["ours_minus_stock"][0]["repeats"] == 1 and one["ours_minus_stock"][0]["ttft_attainment_repeat_ci"] is None
+    assert "[n/a]" in markdown(one)
