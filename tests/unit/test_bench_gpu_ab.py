@@ -48,6 +48,14 @@ def test_superinfer_retract_pairs_against_our_default_server(tmp_path: Path, mod
     assert [(a.name, b.name) for a, b in pairs_for(plan.systems)] == [("superinfer-retract", "superinfer")]
 
 
+def test_superinfer_needed_pairs_against_our_default_server(tmp_path: Path, model_dir: Path) -> None:
+    """The --mix-prefill A/B: ours as shipped (A) beside ours with --mix-prefill needed (B)."""
+    plan, _ = _plan(tmp_path, "--systems", "superinfer,superinfer-needed")
+    by = {s.name: s for s in plan.systems}
+    assert list(by["superinfer-needed"].flags) == [*by["superinfer"].flags, "--mix-prefill", "needed"]
+    assert [(a.name, b.name) for a, b in pairs_for(plan.systems)] == [("superinfer", "superinfer-needed")]
+
+
 def test_ready_timeout_and_rate_multipliers_reach_the_profile(tmp_path: Path, model_dir: Path) -> None:
     plan, _ = _plan(tmp_path, "--ready-timeout", "200", "--rate-multipliers", "1,1.5", "--budget-min", "3")
     assert plan.profile.ready_timeout_s == 200.0
