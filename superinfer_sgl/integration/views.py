@@ -78,6 +78,27 @@ def free_blocks(sched: Any, also_free_tokens: int, reserved: float, block_tokens
                               block_tokens)
 
 
+class _BatchRows:
+    """The requests of one batch list as a set of ids, built once per list: `rotatable` asks about
+    the last batch for every running request, and walking the batch for each one costs
+    O(running x batch) a step (9.4 ms for 1,000 running requests on the dev VM). Keyed on the
+    list's identity and length: SGLang builds a new list when it filters a batch and extends the
+    list when it merges one. The list is held, so no id in the set can be reused meanwhile."""
+
+    def __init__(self) -> None:
+        self._reqs: list[Any] | None = None
+        self._len = -1
+        self._ids: frozenset[int] = frozenset()
+
+    def holds(self, reqs: list[Any], req: Any) -> bool:
+        if reqs is not self._reqs or len(reqs) != self._len:
+            self._reqs, self._len, self._ids = reqs, len(reqs), frozenset(map(id, reqs))
+        return id(req) in self._ids
+
+
+_LAST_BATCH_ROWS = _BatchRows()
+
+
 def rotatable(sched: Any, req: Any) -> bool:
     """Whether the request's KV may be moved to host now (not mid-prefill, no grammar, multimodal,
     beam or session state our rotation does not carry)."""
@@ -89,7 +110,7 @@ def rotatable(sched: Any, req: Any) -> bool:
         return False
     last = sched.last_batch
     # Under the overlap scheduler a prefill still in flight is writing this request's KV.
-    return not (last is not None and last.forward_mode.is_extend() and any(r is req for r in last.reqs))
+    return not (last is not None and last.forward_mode.is_extend() and _LAST_BATCH_ROWS.holds(last.reqs, req))
 
 
 def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rotate: bool,
