@@ -77,7 +77,7 @@ def test_with_two_of_our_arms_each_stock_run_pairs_with_the_arm_it_ran_beside() 
 def test_the_repeat_interval_holds_the_spread_between_runs() -> None:
     """Three repeats whose differences disagree (+0.5, 0, -0.5 of TTFT attainment): the request
     bootstrap over 3 x 8 requests is narrower than the t interval over the three differences,
-    which straddles zero; where every repeat agrees the repeat interval is left out (n/a)."""
+    which straddles zero; with one repeat there is no repeat interval (n/a)."""
     n = 8
 
     def rep(run: dict, r: int) -> dict:
