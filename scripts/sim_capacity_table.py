@@ -36,6 +36,8 @@ def main() -> None:
                          "h200-mixtral-8x7b, h100-deepseek-v2-lite)")
     ap.add_argument("--workload", action="append", help=f"repeatable; default: {', '.join(WORKLOADS)}")
     ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--slo", action="append", metavar="TTFT_S,TBT_S", type=slo_pair,
+                    help="repeatable SLO pair in seconds (e.g. 2,0.075); default: 5,0.1 and 1,0.05")
     ap.add_argument("--seed", type=int, default=909)
     ap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled per rate (ShareGPT-like)")
     ap.add_argument("--resolution", type=float, default=0.02)
@@ -48,7 +50,7 @@ def main() -> None:
     rows = []
     for profile in a.profile or PROFILES:
         for workload in a.workload or WORKLOADS:
-            for ttft, tbt in SLOS:
+            for ttft, tbt in a.slo or SLOS:
                 base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True)
                 for pol in policies:
                     name, _, share = pol.partition("@")
@@ -59,8 +61,9 @@ def main() -> None:
                     print(f"{profile} {workload} {ttft:g}s/{1000 * tbt:g}ms {pol}: {r['capacity_req_s']}", flush=True)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
     doc = {"command": "python scripts/sim_capacity_table.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "policy", "profile", "workload"))
-           + "".join(f" --profile {p}" for p in a.profile or []) + "".join(f" --workload {w}" for w in a.workload or []),
+               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "policy", "profile", "workload", "slo"))
+           + "".join(f" --profile {p}" for p in a.profile or []) + "".join(f" --workload {w}" for w in a.workload or [])
+           + "".join(f" --slo {t:g},{b:g}" for t, b in a.slo or []) + "".join(f" --policy {p}" for p in a.policy or []),
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit, "grid": vars(grid) if hasattr(grid, "__dict__") else str(grid),
            "attribution": AZURE_ATTRIBUTION, "rows": rows}
@@ -68,6 +71,17 @@ def main() -> None:
     (a.out / "capacity.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (a.out / "table.md").write_text(table(rows, policies) + "\n")
     print(table(rows, policies))
+
+
+def slo_pair(text: str) -> tuple[float, float]:
+    """argparse type of --slo: "TTFT_S,TBT_S", both positive seconds."""
+    try:
+        ttft, tbt = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TTFT_S,TBT_S (e.g. 2,0.075), got {text!r}") from None
+    if ttft <= 0 or tbt <= 0:
+        raise argparse.ArgumentTypeError(f"SLOs must be positive, got {text!r}")
+    return ttft, tbt
 
 
 def table(rows: list[dict], policies: list[str]) -> str:

@@ -1,0 +1,32 @@
+"""scripts/sim_capacity_table.py's argument parsing and table (the searches are sim.capacity's,
+tested in test_sim_capacity.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "sim_capacity_table.py"
+_spec = importlib.util.spec_from_file_location("sim_capacity_table", _PATH)
+sct = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sct)
+
+
+def test_slo_pair_parses_seconds() -> None:
+    assert sct.slo_pair("2,0.075") == (2.0, 0.075)
+
+
+@pytest.mark.parametrize("bad", ["2", "2,0.075,1", "a,b", "0,0.05", "1,-0.05"])
+def test_slo_pair_refuses_bad_pairs(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        sct.slo_pair(bad)
+
+
+def test_table_ratios_against_stock() -> None:
+    rows = [{"profile": "p", "workload": "w", "slo": [2.0, 0.075], "policy": "sglang", "capacity_req_s": 4.0},
+            {"profile": "p", "workload": "w", "slo": [2.0, 0.075], "policy": "goodput", "capacity_req_s": 6.0}]
+    lines = sct.table(rows, ["sglang", "goodput"]).splitlines()
+    assert lines[-1] == "| p | w | 2 s / 75 ms | 4.00 | 6.00 | 1.50x |"
