@@ -48,11 +48,12 @@ from typing import Any, Callable
 from ..rotasched import ReqState
 from . import copy_metrics, rotation
 from .metrics import SHORTAGE_ROTATED
-from .views import rotatable
+from .views import BatchRows, rotatable
 
 logger = logging.getLogger(__name__)
 
 Retraction = tuple[list[Any], float, list[Any]]  # retract_decode's (retracted, new_token_ratio, aborted)
+_DECODING_ROWS = BatchRows()  # the in-flight mixed batch's decode rows (`may_rotate`)
 
 
 def active(rt: Any) -> bool:
@@ -132,7 +133,8 @@ def may_rotate(sched: Any, req: Any) -> bool:
     if rotatable(sched, req):
         return True
     last = sched.last_batch
-    if last is None or not last.forward_mode.is_mixed() or not any(r is req for r in last.decoding_reqs or ()):
+    if last is None or not last.forward_mode.is_mixed() or not last.decoding_reqs \
+            or not _DECODING_ROWS.holds(last.decoding_reqs, req):
         return False
     sched.last_batch = None  # the same checks, with that batch set aside
     try:
