@@ -126,7 +126,7 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
     p.add_argument("--policy", action="append", choices=sorted(POLICIES), help="repeatable; default: all")
     p.add_argument("--workload", default="sharegpt-like",
-                   help="sharegpt-like | azure:conv | azure:code | a ShareGPT .json / .csv / .jsonl trace")
+                   help="sharegpt-like | azure:conv | azure:code (azure:KIND@START: the window from START s into the trace) | a ShareGPT .json / .csv / .jsonl trace")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ttft-slo-ms", type=float, help="override every request's TTFT SLO")

@@ -22,12 +22,15 @@ def build_workload(spec: str, rate: float, duration: float, seed: int = 0,
     """sharegpt-like | azure:conv | azure:code | path to a ShareGPT .json, .csv or .jsonl trace.
 
     Azure traces keep their own burstiness; `rate` rescales their timestamps (0: as recorded).
+    They ignore `seed`: `azure:KIND@START` takes the window from START seconds into the trace
+    instead of its beginning (another stretch of the same hour, for held-out checks).
     SLOs given here replace the trace's (or the 5 s / 100 ms defaults).
     """
     if spec == "sharegpt-like":
         w = sharegpt_like(rate, duration, seed)
     elif spec.startswith("azure:"):
-        w = load_azure(spec.split(":", 1)[1], duration=duration, rate=rate or None)
+        kind, _, start = spec.split(":", 1)[1].partition("@")
+        w = load_azure(kind, duration=duration, rate=rate or None, start=azure_start(spec, start))
     else:
         path = Path(spec)
         if path.suffix == ".json":
@@ -37,6 +40,19 @@ def build_workload(spec: str, rate: float, duration: float, seed: int = 0,
     if ttft_slo is not None or tbt_slo is not None:
         w = w.with_slo(ttft_slo or 5.0, tbt_slo or 0.1)
     return w
+
+
+def azure_start(spec: str, start: str) -> float:
+    """The START of `azure:KIND@START` in seconds (0 without one)."""
+    if not start:
+        return 0.0
+    try:
+        value = float(start)
+    except ValueError:
+        raise ValueError(f"{spec}: START must be seconds into the trace, e.g. azure:conv@1200") from None
+    if value < 0:
+        raise ValueError(f"{spec}: START must be >= 0")
+    return value
 
 
 def simulate(workload: Workload, profile: Profile, policy: str, config: SimConfig | None = None) -> dict:

@@ -270,7 +270,8 @@ def load_azure(kind: str, duration: float | None = None, rate: float | None = No
     scale = 1.0 if rate is None else (len(reqs) / rate) / span
     out = tuple(replace(r, arrival=(r.arrival - t0) * scale) for r in reqs)
     how = "real timestamps" if rate is None else f"timestamps scaled to {rate:g} req/s"
-    return Workload(out, f"{AZURE_ATTRIBUTION}, {kind}, {how}")
+    window = f", from {start:g} s into the trace" if start else ""
+    return Workload(out, f"{AZURE_ATTRIBUTION}, {kind}{window}, {how}")
 
 
 def stats(requests: Sequence[RequestSpec]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from superinfer_sgl.sim.runner import build_workload
 from superinfer_sgl.sim.workload import (
     AZURE_ATTRIBUTION, AZURE_DIR, load_azure, load_sharegpt_json, load_table, sharegpt_like, stats,
 )
@@ -61,3 +62,20 @@ def test_azure_trace_window_and_rate_scaling() -> None:
     assert len(fast.requests) == len(w.requests)
     assert stats(fast.requests)["rate"] == pytest.approx(20, rel=0.05)
     assert [r.prompt_tokens for r in fast.requests] == [r.prompt_tokens for r in w.requests]
+
+
+@pytest.mark.skipif(not (AZURE_DIR / "AzureLLMInferenceTrace_conv.csv").exists(), reason="no Azure trace")
+def test_azure_window_start_is_another_stretch_of_the_trace() -> None:
+    """The seed does not move an Azure window; `azure:KIND@START` does."""
+    first, again = build_workload("azure:conv", 2.0, 60, seed=1), build_workload("azure:conv", 2.0, 60, seed=2)
+    later = build_workload("azure:conv@1200", 2.0, 60, seed=1)
+    assert first.requests == again.requests
+    assert later.requests[0].arrival == 0.0 and "from 1200 s into the trace" in later.source
+    assert [r.prompt_tokens for r in later.requests] != [r.prompt_tokens for r in first.requests]
+    assert stats(later.requests)["rate"] == pytest.approx(2.0, rel=0.05)
+
+
+@pytest.mark.parametrize("spec", ["azure:conv@x", "azure:conv@-5"])
+def test_azure_window_start_must_be_seconds(spec: str) -> None:
+    with pytest.raises(ValueError, match="START must be"):
+        build_workload(spec, 2.0, 60)
