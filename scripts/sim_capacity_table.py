@@ -92,7 +92,8 @@ def table(rows: list[dict], policies: list[str]) -> str:
     for key in keys:
         by = {r["policy"]: r["capacity_req_s"] for r in rows if (r["profile"], r["workload"], tuple(r["slo"])) == key}
         stock = by.get("sglang")
-        caps = " | ".join("<0.05" if by.get(p) is None else f"{by[p]:.2f}" for p in policies)
+        # "-": not run in this cell; "<0.05": below the grid's lowest rate
+        caps = " | ".join("-" if p not in by else "<0.05" if by[p] is None else f"{by[p]:.2f}" for p in policies)
         ratios = " | ".join(f"{by[p] / stock:.2f}x" if stock and by.get(p) else "-" for p in policies if p != "sglang")
         lines.append(f"| {key[0]} | {key[1]} | {key[2][0]:g} s / {1000 * key[2][1]:g} ms | {caps} | {ratios} |")
     return "\n".join(lines)

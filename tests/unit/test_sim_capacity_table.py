@@ -30,3 +30,8 @@ def test_table_ratios_against_stock() -> None:
             {"profile": "p", "workload": "w", "slo": [2.0, 0.075], "policy": "goodput", "capacity_req_s": 6.0}]
     lines = sct.table(rows, ["sglang", "goodput"]).splitlines()
     assert lines[-1] == "| p | w | 2 s / 75 ms | 4.00 | 6.00 | 1.50x |"
+
+
+def test_table_marks_cells_not_run_apart_from_capacities_below_the_grid() -> None:
+    rows = [{"profile": "p", "workload": "w", "slo": [5.0, 0.1], "policy": "sglang", "capacity_req_s": None}]
+    assert sct.table(rows, ["sglang", "oracle"]).splitlines()[-1] == "| p | w | 5 s / 100 ms | <0.05 | - | - |"
