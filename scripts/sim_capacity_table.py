@@ -42,11 +42,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled per rate (ShareGPT-like)")
     ap.add_argument("--resolution", type=float, default=0.02)
     ap.add_argument("--hi", type=float, default=64.0, help="highest rate of the grid (req/s)")
+    ap.add_argument("--probes", type=int, default=2, help="rates per bisection round (sim capacity --probes)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_capacity"))
     a = ap.parse_args()
     policies = a.policy or ["sglang", "paper", "goodput@1", "goodput"]
-    grid = CapacityGrid(lo=0.05, hi=a.hi, resolution=a.resolution)
+    grid = CapacityGrid(lo=0.05, hi=a.hi, resolution=a.resolution, probes=a.probes)
     rows = []
     for profile in a.profile or PROFILES:
         for workload in a.workload or WORKLOADS:

@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--growth", type=float, default=1.25, help="ratio between grid rates")
     cap.add_argument("--resolution", type=float, default=0.02,
                    help="bisect the crossing until its bracket is this fraction of the rate")
+    cap.add_argument("--probes", type=int, default=2,
+                     help="rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it "
+                        "where a curve wavers around the target; it never depends on --jobs")
     cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
     cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
     pl = sub.add_parser("plan", help="replicas per policy for a mix of SLO classes",
@@ -85,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate")
     pl.add_argument("--resolution", type=float, default=0.02)
+    pl.add_argument("--probes", type=int, default=2,
+                    help="rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it "
+                       "where a curve wavers around the target; it never depends on --jobs")
     pl.add_argument("--jobs", type=int, default=1, help="worker processes")
     pl.add_argument("--json", type=Path, help="write one row per policy")
     vc = sub.add_parser("validate-capacity", help="the planner's one-replica answer against a live capacity run",
@@ -165,7 +171,7 @@ def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
 
 
 def _capacity(a: argparse.Namespace) -> None:
-    grid = capacity.CapacityGrid(a.target, a.lo, a.hi, a.growth, a.resolution)
+    grid = capacity.CapacityGrid(a.target, a.lo, a.hi, a.growth, a.resolution, probes=a.probes)
     rows = [capacity.policy_capacity(_job(a, pol, grid.lo), grid, a.seeds, a.jobs)
             for pol in (a.policy or list(POLICIES))]
     print(f"profile: {a.profile}; workload: {a.workload}; {a.duration:g} s of arrivals, {a.seeds} seed(s) from "
@@ -177,7 +183,7 @@ def _capacity(a: argparse.Namespace) -> None:
 
 def _plan(a: argparse.Namespace) -> None:
     spec = plan.PlanSpec(a.profile, tuple(a.classes), a.duration, a.seed, a.seeds)
-    grid = capacity.CapacityGrid(a.target, resolution=a.resolution)
+    grid = capacity.CapacityGrid(a.target, resolution=a.resolution, probes=a.probes)
     rows = plan.plan(spec, a.policy or ["goodput", "sglang", "sglang-priority"], grid, a.jobs)
     print(f"profile: {a.profile}; {sum(c.rate for c in a.classes):g} req/s: "
           + ", ".join(f"{c.name} {c.rate:g} req/s at {1000 * c.ttft_s:g} ms / {1000 * c.tbt_s:g} ms" for c in a.classes)

@@ -8,7 +8,10 @@ Grid rates above the first failure that pass again are reported (`passes_above`)
 an operator provisioning at such a rate would sit one burst away from the cliff below it.
 
 The search itself is pure (`find_capacity` takes any rate -> attainment function, batched so a
-caller can measure several rates at once); `policy_capacity` measures with the simulator.
+caller can measure several rates at once); `policy_capacity` measures with the simulator. Its
+answer depends on the grid alone (`probes` included), never on the batch: where a curve wavers
+around the target inside a bracket, which rates get probed decides which crossing is found, so the
+probes must not follow the number of worker processes.
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ class CapacityGrid:
     # downward until one passes, so that a capacity under a mis-guessed grid (a live server slower
     # than its calibration said) is found rather than reported as "below".
     extend_below: int = 0
+    # Evenly spaced rates probed per bisection round (1: bisection; 2: thirds, which keeps two
+    # worker processes busy). Part of the search, not of its parallelism: see the module doc.
+    probes: int = 1
 
     def __post_init__(self) -> None:
         assert 0.0 < self.target <= 1.0, self.target
         assert 0.0 < self.lo < self.hi and self.growth > 1.0 and 0.0 < self.resolution < 1.0
-        assert self.stop_after >= 1 and self.extend_below >= 0
+        assert self.stop_after >= 1 and self.extend_below >= 0 and self.probes >= 1
 
     def rates_below(self) -> list[float]:
         return [round(self.lo / self.growth ** k, 6) for k in range(1, self.extend_below + 1)]
@@ -71,8 +77,10 @@ class Capacity:
 
 
 def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capacity:
-    """Scan the grid upward `batch` rates at a time until `stop_after` consecutive rates fail, then
-    narrow the first crossing's bracket with `batch` evenly spaced rates per round."""
+    """Scan the grid upward until `stop_after` consecutive rates fail, then narrow the first
+    crossing's bracket with `grid.probes` evenly spaced rates per round. `batch` rates of a scan
+    are measured at once; a rate the one-at-a-time scan would not have reached is measured but
+    forgotten, so the result is the same for every batch."""
     seen: dict[float, float] = {}
 
     def run(rates: Sequence[float]) -> None:
@@ -80,19 +88,25 @@ def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capac
         if todo:
             seen.update(zip(todo, (float(a) for a in measure(todo))))
 
-    rates = grid.rates()
+    def scan(rates: list[float], done: Callable[[float], bool]) -> None:
+        for i in range(0, len(rates), batch):
+            run(rates[i:i + batch])
+            for k, r in enumerate(rates[i:i + batch]):
+                if done(seen[r]):
+                    for extra in rates[i + k + 1:i + batch]:
+                        seen.pop(extra, None)
+                    return
+
     fails_in_row = 0
-    for i in range(0, len(rates), batch):
-        run(rates[i:i + batch])
-        for r in rates[i:i + batch]:
-            fails_in_row = 0 if seen[r] >= grid.target else fails_in_row + 1
-        if fails_in_row >= grid.stop_after:
-            break
-    below = grid.rates_below()
-    for i in range(0, len(below), batch):
-        if seen[min(seen)] >= grid.target:
-            break
-        run(below[i:i + batch])
+
+    def stop_upward(att: float) -> bool:
+        nonlocal fails_in_row
+        fails_in_row = 0 if att >= grid.target else fails_in_row + 1
+        return fails_in_row >= grid.stop_after
+
+    scan(grid.rates(), stop_upward)
+    if seen[min(seen)] < grid.target:
+        scan(grid.rates_below(), lambda att: att >= grid.target)
     scanned = sorted(seen)
     first_fail = next((r for r in scanned if seen[r] < grid.target), None)
     if first_fail is None:
@@ -102,8 +116,8 @@ def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capac
     passed = max(r for r in scanned if r < first_fail)
     above = [r for r in scanned if r > first_fail and seen[r] >= grid.target]
     while (first_fail - passed) > grid.resolution * passed:
-        step = (first_fail - passed) / (batch + 1)
-        probe = [round(passed + step * (k + 1), 6) for k in range(batch)]
+        step = (first_fail - passed) / (grid.probes + 1)
+        probe = [round(passed + step * (k + 1), 6) for k in range(grid.probes)]
         run(probe)
         for r in probe:  # the lowest failing probe bounds the crossing from above
             if seen[r] < grid.target:
@@ -119,7 +133,8 @@ def _points(seen: dict[float, float]) -> list[tuple[float, float]]:
 
 def policy_capacity(template: Job, grid: CapacityGrid, seeds: int = 1, processes: int = 1) -> dict:
     """`template`'s policy and workload at each rate the search asks for, over `seeds` workload
-    seeds (template.seed onward); a rate's attainment pools every seed's requests."""
+    seeds (template.seed onward); a rate's attainment pools every seed's requests. `processes`
+    only sets how many runs go at once: the answer is the same for any number."""
 
     def measure(rates: Sequence[float]) -> list[float]:
         jobs = [replace(template, rate=r, seed=template.seed + s) for r in rates for s in range(seeds)]

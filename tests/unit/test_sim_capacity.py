@@ -3,6 +3,8 @@ resolution, on monotone and non-monotone attainment curves; and one real simulat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,9 +24,11 @@ def _curve(knee: float):
 
 
 @settings(max_examples=60, deadline=None)
-@given(knee=st.floats(0.6, 60.0), batch=st.integers(1, 4), resolution=st.sampled_from([0.01, 0.02, 0.1]))
-def test_monotone_curve_capacity_is_the_crossing_within_resolution(knee: float, batch: int, resolution: float) -> None:
-    grid = CapacityGrid(lo=0.5, hi=64.0, resolution=resolution)
+@given(knee=st.floats(0.6, 60.0), batch=st.integers(1, 4), probes=st.integers(1, 3),
+       resolution=st.sampled_from([0.01, 0.02, 0.1]))
+def test_monotone_curve_capacity_is_the_crossing_within_resolution(knee: float, batch: int, probes: int,
+                                                                   resolution: float) -> None:
+    grid = CapacityGrid(lo=0.5, hi=64.0, resolution=resolution, probes=probes)
     measure, _ = _curve(knee)
     cap = find_capacity(measure, grid, batch=batch)
     assert cap.censored is None
@@ -47,6 +51,36 @@ def test_non_monotone_curve_counts_only_the_first_crossing() -> None:
     assert cap.bracket[1] is not None and 13.0 <= cap.bracket[1] <= 13.31
     # a grid rate above the first failure that passes again is reported, not counted
     assert cap.passes_above == [14.641]
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), probes=st.integers(1, 3), extend_below=st.integers(0, 3),
+       lo=st.sampled_from([0.5, 2.0, 6.0]))
+def test_the_answer_does_not_depend_on_the_batch(seed: int, probes: int, extend_below: int, lo: float) -> None:
+    """A curve that wavers around the target (as simulated ones do near their knee): every batch
+    size finds the same capacity, bracket and points, so `--jobs` cannot move a published figure."""
+    import random
+
+    def measure(rates):  # a pseudo-random but fixed attainment per rate, falling with the rate
+        out = []
+        for r in rates:
+            rng = random.Random(f"{seed}:{r}")
+            out.append(min(1.0, max(0.0, 1.05 - r / 40 + rng.uniform(-0.06, 0.06))))
+        return out
+
+    grid = CapacityGrid(lo=lo, hi=64.0, probes=probes, extend_below=extend_below)
+    answers = [find_capacity(measure, grid, batch=b).as_dict() for b in (1, 2, 3, 5)]
+    assert all(a == answers[0] for a in answers[1:]), answers
+
+
+def test_more_probes_per_round_can_find_another_crossing() -> None:
+    """Why `probes` is part of the grid: at 2 probes per round the search sees a dip that
+    bisection steps over."""
+    def measure(rates):
+        return [0.85 if 5.2 <= r <= 5.4 else (0.95 if r < 6.0 else 0.5) for r in rates]
+
+    grid = CapacityGrid(lo=4.0, hi=8.0, growth=1.5, resolution=0.02)
+    assert find_capacity(measure, grid).capacity_req_s != find_capacity(measure, replace(grid, probes=2)).capacity_req_s
 
 
 def test_censored_both_ways() -> None:
