@@ -239,7 +239,10 @@ class RotaSchedMetrics:
                                     "Scheduling steps whose one rotation call moved KV both ways")
         self.prefills_alone = Counter("superinfer_prefills_alone",
                                       "Prefill batches run without the running requests' decode rows while "
-                                      "mixed chunk is on (--mix-prefill needed)")
+                                      "mixed chunk is on (--mix-prefill needed or bounded)")
+        self.chunk_room_rotations = Counter("superinfer_chunk_room_rotations",
+                                            "Running requests rotated out so that a split prompt's next chunk "
+                                            "fits the device KV pool (integration/chunk_room.py)")
         self.prefetches = Counter("superinfer_prefetches", "Rotary requests whose KV was prefetched",
                                   ["outcome"])
         self.prefetch_bytes = Counter("superinfer_prefetch_bytes",
@@ -307,7 +310,7 @@ class RotaSchedMetrics:
         """Advance counters by what changed since the last call (stats are plain ints)."""
         s = fig.stats
         for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
-                     "duplex_steps", "prefills_alone"):
+                     "duplex_steps", "prefills_alone", "chunk_room_rotations"):
             self._advance(getattr(self, name), name, getattr(s, name))
         self._advance(self.shortage_rotations, "shortage_rotations", s.shortages.get(SHORTAGE_ROTATED, 0))
         for answer in SHORTAGE_ANSWERS:

@@ -7,14 +7,13 @@ release the request exactly as SGLang's retraction does (slots freed, radix lock
 In: allocate device slots, copy the KV back, insert it into the radix tree under a lock of ours and
 requeue the request: SGLang's prefill path then matches the whole restored prefix and extends only
 the last output token. The lock keeps eviction away until the request is admitted and holds its own.
-
 A step's outs and ins are one `RotationEngine.rotate` call (`rotate_step`): on a GPU, both at once.
 
 Sliding-window pools (SWAKVPool, `kv_adapter.window_rotation`): the engine moves the full-attention
 sub-pool; the window rows of the tokens still in the window are saved before the release and kept
-with the rotary entry (`HostWindow`), and a resume allocates window rows for those tokens only,
-loads them after the engine's copies and inserts with SGLang's SWA evicted length
-(docs/models.md, "Sliding-window pools"). A window that cannot be saved is recomputed.
+with the rotary entry (`HostWindow`), and a resume allocates window rows for those tokens only, loads
+them after the engine's copies and inserts with SGLang's SWA evicted length (docs/models.md,
+"Sliding-window pools"). A window that cannot be saved is recomputed.
 """
 
 from __future__ import annotations
@@ -53,7 +52,8 @@ class RotationStats:
     prefetch_cancelled: int = 0
     decisions: int = 0
     contended_decisions: int = 0
-    prefills_alone: int = 0  # prefill batches run unmixed beside running requests (--mix-prefill needed)
+    prefills_alone: int = 0  # prefill batches run unmixed beside running requests (--mix-prefill)
+    chunk_room_rotations: int = 0  # rotated out so that a split prompt's next chunk fits (chunk_room.py)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..rotasched.lvf import rank_order
 from ..rotasched.pending import StepQueue
 from ..rotasched.policy import LvfPolicy
 from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
-from . import rotation
+from . import chunk_room, rotation
 from . import views as req_views
 from .clocks import Clocks, step_prior
 from .prefetch import Prefetcher
@@ -108,6 +108,11 @@ class RotaSchedRuntime:
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
         out += self._forced(live, out)
         resumes = self._resumable(decision.resume)
+        room = chunk_room.victims(self, running_batch, out, [e.req for e in resumes],
+                                  planner.chunk_tokens(self.sched.chunked_prefill_size, decision),
+                                  bool(getattr(self.sched, "is_mixed_chunk", False)))
+        self.stats.chunk_room_rotations += len(room)
+        out += room
         self.prefetcher.cancel_except(keep={e.req.rid for e in resumes})
         held = self._held_back(self._rotate(running_batch, out, resumes, now))
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
@@ -254,7 +259,8 @@ class RotaSchedRuntime:
                 sched.is_mixed_chunk = False  # nobody running needs this prefill mixed (planner.plan_step)
             # the policy's prefill cap: this step's chunk size, lowered so the step keeps tight TBT SLOs
             rows = len(running_batch.reqs) if getattr(sched, "is_mixed_chunk", False) else 0
-            sched.chunked_prefill_size = planner.chunk_tokens(configured, self._decision, rows)
+            sched.chunked_prefill_size = chunk_room.step_chunk(
+                sched, planner.chunk_tokens(configured, self._decision, rows), rows)
             plan = original(sched, running_batch)
             if alone and running_batch.reqs:  # the cost meter keeps its time apart
                 self._alone = getattr(plan, "batch_to_run", None)

@@ -53,7 +53,7 @@ def make_runtime(waiting: list[FakeReq] | None = None) -> RotaSchedRuntime:
     """The real constructor on a fake scheduler and engine: it does no I/O (startup.create_runtime does)."""
     requeued: list[FakeReq] = []
     sched = SimpleNamespace(waiting_queue=list(waiting or []), tree_cache=FakeTree(), requeued=requeued,
-                            chunked_prefill_size=512, max_total_num_tokens=10_000_000,
+                            chunked_prefill_size=512, max_total_num_tokens=10_000_000, chunked_req=None,
                             _add_request_to_queue=lambda r, is_retracted=False: requeued.append(r))
     rt = RotaSchedRuntime(sched, SuperInferConfig(), engine=FakeEngine())  # type: ignore[arg-type]
     assert rt.budget == 2400 and rt.metrics is None  # the paper's budget: the pool is large
