@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 from .decode_shortage import victim_order
-from .views import rotatable
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,9 @@ def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any],
             mixed: bool) -> list[Any]:
     """Running requests to rotate out (beyond `chosen`, this step's other rotations) so that the
     next chunk fits beside this step's resumes (`resuming`, whose KV comes back into the pool):
-    the decode shortage's order (lost requests first), rotatable ones only, each counted for the
-    device tokens it holds and the decode row it no longer needs. The same list on every TP rank
+    the decode shortage's order (lost requests first; those it may rotate, decode rows of the mixed
+    step in flight among them: the previous chunk's step was one, with every running request in it),
+    each counted for the device tokens it holds and the decode row it no longer needs. The same list on every TP rank
     (rank 0's order, and memory is the same everywhere)."""
     sched = rt.sched
     if sched.chunked_req is None:
@@ -73,7 +73,7 @@ def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any],
     out = []
     for rid in order:
         req = by_rid.get(rid)
-        if req is None or id(req) in gone or not rotatable(sched, req):
+        if req is None or id(req) in gone:
             continue
         out.append(req)
         short -= _held(req) + (page if mixed else 0)

@@ -56,8 +56,8 @@ class _Rt:
 
 @pytest.fixture()
 def ordered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunk_room, "victim_order", lambda rt, batch: list(rt.order))
-    monkeypatch.setattr(chunk_room, "rotatable", lambda sched, req: not req.rid.startswith("pinned"))
+    # decode_shortage.victim_order lists only the requests it may rotate: not "pinned"
+    monkeypatch.setattr(chunk_room, "victim_order", lambda rt, batch: [r for r in rt.order if r != "pinned"])
 
 
 def test_victims_free_the_chunk_s_shortfall_in_the_shortage_order(ordered: None) -> None:
@@ -67,7 +67,7 @@ def test_victims_free_the_chunk_s_shortfall_in_the_shortage_order(ordered: None)
     # the next chunk 256 + 5 pages (4 rows and rounding) = 261 tokens against 100 free: 161 short
     rt = _Rt(_sched(100, 0, chunked), ["pinned", "b", "a", "d"])
     out = chunk_room.victims(rt, batch, [], [], 256, mixed=True)
-    # "pinned" is not rotatable; b frees 80 + its row, a 40 + its row: 122 < 161, then d 41
+    # "pinned" may not rotate; b frees 80 + its row, a 40 + its row: 122 < 161, then d 41
     assert [r.rid for r in out] == ["b", "a", "d"]
     rt = _Rt(_sched(150, 0, chunked), ["b", "a", "d"])  # unmixed: 257 - 150 = 107 short
     assert [r.rid for r in chunk_room.victims(rt, batch, [], [], 256, mixed=False)] == ["b", "a"]
