@@ -34,7 +34,7 @@ from superinfer_sgl.rotasched.views import (  # noqa: F401
 POLICIES: Registry[PolicyClass] = Registry("policy", {"goodput": GoodputLvf, "paper": PaperLvf})
 # --mix-prefill: "always" (every prefill rides with the decode batch where the server mixes);
 # "needed" (a step that leaves nobody waiting mixes only when the policy says: `plan_step`);
-# "bounded" (as needed, while prefills run alone cost the running requests little: step_size).
+# "bounded" (as needed, for every running gap, while prefills run alone cost little: step_size).
 MIX_PREFILL = ("always", "needed", "bounded")
 
 PAPER_BUDGET_BLOCKS = 2400  # the paper's B_xfer
@@ -76,8 +76,9 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     `mix_prefill` (MIX_PREFILL) "always", the default: where the server mixes, every prefill is
     mixed. "needed": a step that leaves nobody waiting may run its prefill alone (`Decision.mix`,
     `LvfPolicy.mixes`: goodput mixes then only when a running request's next gap needs it), and
-    then without the TBT cap too; "bounded": as "needed", and mixed again once the prefills run
-    alone lately cost the running requests their budget of time (`step_size.alone_within_budget`); while requests wait, a mixed step saves the running batch a
+    then without the TBT cap too; "bounded": as "needed", but for every running request's gap, and
+    mixed again once the prefills run alone lately cost the running requests their budget of time
+    (`step_size.alone_within_budget`). While requests wait, a mixed step saves the running batch a
     decode step's fixed time, throughput the queue needs (in the simulator, running those
     prefills alone too cost 5-6% of the output throughput past capacity). Resumes always ride
     along (`mixes`)."""

@@ -6,8 +6,9 @@ prefill ends, so the prefill makes their next gap: the cap keeps it within the T
 that cannot spare a miss. An unmixed step gives the prefill's own first tokens sooner and makes
 the running requests wait one decode step more; with `--mix-prefill needed` a step that leaves
 nobody waiting mixes only when that would cost one of them its gap (planner.plan_step), and with
-`bounded` also where any running request's next gap needs it, or once the prefills run alone lately
-cost the running requests ALONE_BUDGET_SHARE of their time. Pure functions of the running views and the measured step costs.
+`bounded` also where any running request's next gap needs it, or once the prefills run alone
+lately cost the running requests ALONE_BUDGET_SHARE of their time. Pure functions of the running
+views and the measured step costs.
 """
 
 from __future__ import annotations

@@ -306,3 +306,33 @@ def test_what_rotation_cannot_take_goes_to_sglangs_retraction(monkeypatch: pytes
     st = rig.rt.stats
     assert st.shortages == {"rotated_requests": 1, "rotation_and_retraction": 1} and st.sglang_retractions == 1
     assert rig.alloc.available_size() == 19 + 22 and _host_used(rig) == 5
+
+
+def test_a_split_prompt_s_next_chunk_gets_room_by_rotation(monkeypatch: pytest.MonkeyPatch,
+                                                           sglang_config: None) -> None:
+    """integration/chunk_room.py on the same real objects: the pool is full and a 30-token prompt is
+    mid chunked prefill (SGLang's `chunked_req`, none of it computed yet), so its next chunk would
+    fail SGLang's allocation (the scheduler dies). The runtime's own step rotates out running requests
+    in the shortage's victim order until 30 + a page fit (b 22 tokens, then c 19), and SGLang's
+    prefill then runs with the step's chunk cut to what is free; the victims' KV is parked, not lost."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rig = Rig(monkeypatch, host_blocks=16)
+    chunked = Req("d", "", array("q", range(900, 930)), SamplingParams(max_new_tokens=8, ignore_eos=True))
+    rig.sched.chunked_req = chunked
+    seen: dict[str, int] = {}
+
+    def prefill(sched: Any, batch: Any) -> None:
+        seen.update(chunk=sched.chunked_prefill_size, free=rig.alloc.available_size())
+
+    rig.rt._decide = lambda *a: Decision()  # type: ignore[method-assign]  # LVF: nothing to do
+    rig.rt.around_prefill(prefill, rig.sched, rig.batch)
+    assert [r.rid for r in rig.batch.reqs] == ["a"] and rig.rt.store.entries.keys() == {"b", "c"}
+    assert rig.rt.stats.chunk_room_rotations == 2 and rig.requeued == []
+    assert seen == {"chunk": 22 + 19 - 1, "free": 22 + 19}  # cut to what is free, less a page of rounding
+    assert rig.sched.chunked_prefill_size == 64  # the configured size back after the step
+    # with room for it nobody moves (the step's chunk stays within what is free)
+    rig.rt.around_prefill(prefill, rig.sched, rig.batch)
+    assert rig.rt.stats.chunk_room_rotations == 2 and [r.rid for r in rig.batch.reqs] == ["a"]
+    assert seen == {"chunk": 40, "free": 41}
