@@ -312,9 +312,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mix-prefill", choices=MIX_PREFILL, default=d.mix_prefill,
                    help="with mixed chunk: always (default) mixes every prefill; needed runs a prefill "
                         "alone when nobody else waits and no running request would miss its next gap "
-                        "for it, so its first token comes sooner, as on stock SGLang; bounded does so "
-                        "only while prefills run alone lately cost the running requests under 3%% of "
-                        "their time (goodput only; docs/results.md)")
+                        "for it, so its first token comes sooner, as on stock SGLang (goodput only; "
+                        "docs/results.md)")
     g.add_argument("--prefix-cache", choices=PREFIX_CACHES, default=d.prefix_cache,
                    help="radix (default): SGLang's radix cache, evicting by --radix-eviction-policy; "
                         "predictive: the same tree (on SGLang's Python tree core) evicting by each "

@@ -239,7 +239,7 @@ class RotaSchedMetrics:
                                     "Scheduling steps whose one rotation call moved KV both ways")
         self.prefills_alone = Counter("superinfer_prefills_alone",
                                       "Prefill batches run without the running requests' decode rows while "
-                                      "mixed chunk is on (--mix-prefill needed or bounded)")
+                                      "mixed chunk is on (--mix-prefill needed)")
         self.chunk_room_rotations = Counter("superinfer_chunk_room_rotations",
                                             "Running requests rotated out so that a split prompt's next chunk "
                                             "fits the device KV pool (integration/chunk_room.py)")

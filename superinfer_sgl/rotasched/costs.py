@@ -34,10 +34,6 @@ SPREAD_CLIP = 1.0  # a step off by more (an idle turn, a stall) counts as off by
 BASE_SMOOTHING = 0.02
 BASE_MIN_PREFILLS = 20
 BASE_MIN_SIZE_CV = 0.25  # the sizes' spread (std / mean) the line needs
-# What prefills run alone beside running requests (--mix-prefill bounded) cost those requests, as a
-# share of their time (StepCosts.alone_cost_share): averaged over about this many seconds of steps
-# with requests running, long enough to span many arrivals, short enough to follow a change of load.
-ALONE_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +47,9 @@ class StepCosts:
     # Relative spread of single steps around these means (RMS of step / predicted - 1): noticeable
     # on a shared CPU; 0 when unmeasured or deterministic.
     step_cv: float = 0.0
-    # The running requests' recent time that prefills run alone beside them cost them, beyond what
-    # the same prefills mixed would have (CostMeter.observe_step): how much they slowed their
-    # tokens (0 when none ran alone).
-    alone_cost_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_s_per_token", "prefill_base_s", "decode_step_s", "rotation_s", "step_cv",
-                     "alone_cost_share"):
+        for name in ("prefill_s_per_token", "prefill_base_s", "decode_step_s", "rotation_s", "step_cv"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -93,10 +84,6 @@ class CostMeter:
         self._decode = prior.decode_step_s
         self._rotation = prior.rotation_s
         self._spread_sq = prior.step_cv ** 2  # running mean of (step / predicted - 1) ** 2
-        # Exponentially weighted sums (window ALONE_WINDOW_S) of what alone prefills cost the running
-        # requests, and of the time requests were running: their ratio is alone_cost_share.
-        self._alone_cost = 0.0
-        self._running_s = 0.0
         self.observed = {"decode": 0, "prefill": 0, "rotation": 0}
 
     def _mix(self, kind: str, old: float, new: float) -> float:
@@ -162,26 +149,10 @@ class CostMeter:
         pays the forward's fixed time, which read as a mixed step's would make the policy's mixed
         steps look a decode step longer than they are)."""
         if prefill_tokens <= 0:
-            self._observe_running(seconds, 0.0)
             self.observe_decode(seconds)
             return
-        if decode_rows > 0:
-            self._observe_running(seconds, 0.0)
-        elif alone:
-            # mixed, the running requests' next token would have come after the decode step plus
-            # the prefill's mixed share; alone, after all of this step and then a decode step
-            mixed_share = max(0.0, self._line.intercept or 0.0) + self._per_token * prefill_tokens
-            self._observe_running(seconds, max(0.0, seconds - mixed_share))
         decode = self._decode if decode_rows > 0 else 0.0
         self.observe_prefill(prefill_tokens, seconds - decode, decode, alone)
-
-    def _observe_running(self, seconds: float, alone_cost: float) -> None:
-        """A step during which requests were running, and what running a prefill alone (if it
-        did) cost them beyond mixing it."""
-        if math.isfinite(seconds) and seconds > 0:
-            keep = math.exp(-seconds / ALONE_WINDOW_S)
-            self._alone_cost = self._alone_cost * keep + alone_cost
-            self._running_s = self._running_s * keep + seconds
 
     def observe_rotation(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds >= 0:
@@ -189,6 +160,5 @@ class CostMeter:
 
     @property
     def costs(self) -> StepCosts:
-        share = self._alone_cost / self._running_s if self._running_s > 0 else 0.0
         return StepCosts(self._per_token, max(0.0, self._line.intercept or 0.0), self._decode, self._rotation,
-                         math.sqrt(self._spread_sq), share)
+                         math.sqrt(self._spread_sq))

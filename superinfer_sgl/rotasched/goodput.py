@@ -46,9 +46,7 @@ from superinfer_sgl.rotasched.costs import StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
-from superinfer_sgl.rotasched.step_size import (
-    JITTER_Z, MIN_PREFILL_CHUNK, alone_within_budget, keeping_pace, mix_needed, prefill_cap, protected,
-)
+from superinfer_sgl.rotasched.step_size import JITTER_Z, MIN_PREFILL_CHUNK, mix_needed, prefill_cap, protected
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
@@ -295,16 +293,12 @@ class GoodputLvf:
     def capped(self, chunk: int) -> GoodputLvf:
         return dataclasses.replace(self, chunk=chunk)
 
-    def mixes(self, views: list[ReqView], prefill_tokens: int | None, bounded: bool = False) -> bool:
+    def mixes(self, views: list[ReqView], prefill_tokens: int | None) -> bool:
         """`mix_needed`; `prefill_tokens` None: unknown (a split prompt's rest), so any protected
-        request needs it. `bounded`: for every running request's gap (`keeping_pace`), and always
-        once prefills run alone have used their budget (`alone_within_budget`)."""
-        costs = self.params.costs
-        if bounded and not alone_within_budget(costs):
-            return True
+        request needs it."""
         if prefill_tokens is None:
-            return bool(keeping_pace(views) if bounded else protected(views, costs))
-        return mix_needed(views, prefill_tokens, costs, every_gap=bounded)
+            return bool(protected(views, self.params.costs))
+        return mix_needed(views, prefill_tokens, self.params.costs)
 
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:

@@ -33,9 +33,8 @@ from superinfer_sgl.rotasched.views import (  # noqa: F401
 # The server's --policy choices (the first is the default's place in --help only).
 POLICIES: Registry[PolicyClass] = Registry("policy", {"goodput": GoodputLvf, "paper": PaperLvf})
 # --mix-prefill: "always" (every prefill rides with the decode batch where the server mixes);
-# "needed" (a step that leaves nobody waiting mixes only when the policy says: `plan_step`);
-# "bounded" (as needed, for every running gap, while prefills run alone cost little: step_size).
-MIX_PREFILL = ("always", "needed", "bounded")
+# "needed" (a step that leaves nobody waiting mixes only when the policy says: `plan_step`).
+MIX_PREFILL = ("always", "needed")
 
 PAPER_BUDGET_BLOCKS = 2400  # the paper's B_xfer
 BUDGET_POOL_SHARE = 8  # default budget: at most 1/8 of the device KV pool per iteration
@@ -76,9 +75,7 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     `mix_prefill` (MIX_PREFILL) "always", the default: where the server mixes, every prefill is
     mixed. "needed": a step that leaves nobody waiting may run its prefill alone (`Decision.mix`,
     `LvfPolicy.mixes`: goodput mixes then only when a running request's next gap needs it), and
-    then without the TBT cap too; "bounded": as "needed", but for every running request's gap, and
-    mixed again once the prefills run alone lately cost the running requests their budget of time
-    (`step_size.alone_within_budget`). While requests wait, a mixed step saves the running batch a
+    then without the TBT cap too; while requests wait, a mixed step saves the running batch a
     decode step's fixed time, throughput the queue needs (in the simulator, running those
     prefills alone too cost 5-6% of the output throughput past capacity). Resumes always ride
     along (`mixes`)."""
@@ -93,10 +90,9 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     admitted: list[ReqView] = [pending[rid] for rid in decision.admit]
     mix = mixed
     nobody_left = bool(admitted) and len(queue.pending) == len(admitted)  # every queued request admitted
-    if mixed and mix_prefill != "always" and not decision.resume and nobody_left:
+    if mixed and mix_prefill == "needed" and not decision.resume and nobody_left:
         # a split prompt's rest is not in the views: unknown, the policy assumes the worst
-        mix = policy.mixes(queue.running, None if chunked_active else sum(v.prefill_tokens for v in admitted),
-                           bounded=mix_prefill == "bounded")
+        mix = policy.mixes(queue.running, None if chunked_active else sum(v.prefill_tokens for v in admitted))
     cap = policy.step_cap(queue.running, admitted, now, cap if mix else None)
     if cap is not None or not mix:
         decision = dataclasses.replace(decision, prefill_cap=cap, mix=mix)

@@ -5,10 +5,8 @@ A mixed step (SGLang's mixed chunk) gives every running request its next token w
 prefill ends, so the prefill makes their next gap: the cap keeps it within the TBT SLO of those
 that cannot spare a miss. An unmixed step gives the prefill's own first tokens sooner and makes
 the running requests wait one decode step more; with `--mix-prefill needed` a step that leaves
-nobody waiting mixes only when that would cost one of them its gap (planner.plan_step), and with
-`bounded` also where any running request's next gap needs it, or once the prefills run alone
-lately cost the running requests ALONE_BUDGET_SHARE of their time. Pure functions of the running
-views and the measured step costs.
+nobody waiting mixes only when that would cost one of them its gap (planner.plan_step). Pure
+functions of the running views and the measured step costs.
 """
 
 from __future__ import annotations
@@ -24,10 +22,6 @@ MIN_PREFILL_CHUNK = MIN_PREFILL_TOKENS
 CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO (prefill_cap) ...
 JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
 SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss
-# --mix-prefill bounded: prefills run alone (as stock SGLang runs every prefill: the first token
-# sooner) only while those run alone lately cost the running requests less than this share of their
-# time (StepCosts.alone_cost_share), so their tokens stay within ~3% of the pace mixing keeps.
-ALONE_BUDGET_SHARE = 0.03
 _RUNNING = ReqState.RUNNING
 
 
@@ -62,32 +56,17 @@ def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
     return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))
 
 
-def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts, every_gap: bool = False) -> bool:
+def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts) -> bool:
     """Whether this step's prefill of `prefill_tokens` should ride with the decode batch (SGLang's
     mixed chunk): only when a `protected` running request would otherwise miss its next gap.
     Unmixed, the prefill runs alone and the running requests' next token comes one decode step
     after it (taken as a mixed step's time plus a decode step); mixed, it comes with the prefill,
     whose own first tokens then come later by the decode rows' time (a few ms on a CPU: the
     low-load TTFT tax, docs/results.md). Nobody else needs it: a request with gaps to spare may
-    spend one, as it does on stock SGLang. `every_gap` (--mix-prefill bounded): any running
-    request whose TBT still counts (`keeping_pace`) needs it, spare gaps or not."""
+    spend one, as it does on stock SGLang."""
     alone = 2 * costs.decode_step_s + costs.prefill_base_s + costs.prefill_s_per_token * prefill_tokens
     share = cap_share(costs.step_cv)
-    needing = keeping_pace(views) if every_gap else protected(views, costs)
-    return any(alone > share * v.tbt_slo for v in needing)
-
-
-def keeping_pace(views: list[ReqView]) -> list[ReqView]:
-    """The running requests whose TBT still counts: first token met, gaps left to miss. Unlike
-    `protected`, also those a step cannot keep within their SLO: a gap they miss anyway is
-    still shorter mixed (in the simulator's CPU profile at 100 ms, prefills run alone beside
-    them cost 6-12 points of TBT attainment near capacity)."""
-    return [v for v in views if v.state is _RUNNING and v.ttft_met is True and v.misses_left >= 0]
-
-
-def alone_within_budget(costs: StepCosts) -> bool:
-    """--mix-prefill bounded: whether a prefill may still run alone beside running requests."""
-    return costs.alone_cost_share < ALONE_BUDGET_SHARE
+    return any(alone > share * v.tbt_slo for v in protected(views, costs))
 
 
 def cap_share(step_cv: float) -> float:

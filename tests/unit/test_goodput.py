@@ -4,7 +4,6 @@ gap budget, the cost meter and the shared planner's admission order."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from hypothesis import given, settings
@@ -307,53 +306,6 @@ def test_cost_meter_keeps_prefills_run_alone_on_their_own_line() -> None:
         merged.observe_step(step(n, 10), n, 10)
         merged.observe_step(step(n, 0), n, 0)
     assert merged.costs.prefill_base_s > 0.01
-
-
-def test_cost_meter_prices_prefills_run_alone_by_what_they_cost_the_running_requests() -> None:
-    """--mix-prefill bounded's signal: a prefill run alone beside running requests delays their next
-    token by its whole step, where mixed it would have added only its mixed share (intercept + its
-    tokens x per-token cost); that excess over the time requests were running, lately."""
-    from superinfer_sgl.rotasched.costs import ALONE_WINDOW_S
-
-    m = CostMeter(StepCosts(1e-3, 0.0, 0.02, 0.0))
-    for _ in range(100):  # 2 s of decode steps
-        m.observe_step(0.02, 0, 4)
-    assert m.costs.alone_cost_share == 0.0
-    m.observe_step(0.1, 100, 0)  # a prefill with nobody running: costs nobody anything
-    assert m.costs.alone_cost_share == 0.0
-    before = m.costs.prefill_s_per_token
-    m.observe_step(0.15, 100, 0, alone=True)  # 150 ms alone against 100 x 1 ms mixed: 50 ms more
-    share = m.costs.alone_cost_share
-    expected = 0.05 / (0.15 + 0.02 * sum(math.exp(-0.02 * k / ALONE_WINDOW_S) for k in range(100))
-                       * math.exp(-0.15 / ALONE_WINDOW_S))
-    assert math.isclose(share, expected, rel_tol=1e-9) and 0.02 < share < 0.03 and before == 1e-3
-    for _ in range(3):  # mixed steps cost nobody more than mixing: the share falls
-        m.observe_step(0.03, 10, 4)
-    assert m.costs.alone_cost_share < share
-    for _ in range(int(3 * ALONE_WINDOW_S / 0.02)):  # three windows of decode steps: forgotten
-        m.observe_step(0.02, 0, 4)
-    assert m.costs.alone_cost_share < 0.1 * share
-
-
-def test_bounded_mixing_runs_prefills_alone_only_within_their_budget_and_every_gap() -> None:
-    from superinfer_sgl.rotasched.step_size import ALONE_BUDGET_SHARE
-
-    # 20 ms decode, 1 ms per token: alone, a 60-token prefill makes the next gap 100 ms
-    loose = [running("s", 1.0, misses_left=5, tbt=1.0)]  # a gap to spare and a loose SLO
-    for share, mixes in ((0.0, False), (ALONE_BUDGET_SHARE * 0.99, False), (ALONE_BUDGET_SHARE, True)):
-        lvf = GoodputLvf(GoodputParams(dataclasses.replace(COSTS, alone_cost_share=share)))
-        assert lvf.mixes(loose, 60, bounded=True) is mixes
-        assert lvf.mixes(loose, 60) is False  # needed ignores the budget
-    lvf = GoodputLvf(GoodputParams(COSTS))
-    # a gap the prefill would break: needed lets a request with gaps to spare spend one, bounded not
-    spare = [running("s", 1.0, misses_left=5, tbt=0.1)]
-    assert lvf.mixes(spare, 60) is False and lvf.mixes(spare, 60, bounded=True) is True
-    # ... also where no step keeps that SLO (needed's `protected` leaves those out): still a shorter gap mixed
-    slow = GoodputLvf(GoodputParams(StepCosts(1e-3, 0.0, 0.09, 0.0)))
-    assert slow.mixes(spare, 60) is False and slow.mixes(spare, 60, bounded=True) is True
-    # a split prompt's rest (unknown size) mixes for any request keeping pace; a lost one keeps nothing
-    assert lvf.mixes(loose, None, bounded=True) is True
-    assert lvf.mixes([running("l", 1.0, misses_left=-1, tbt=0.1)], 60, bounded=True) is False
 
 
 def test_mixing_is_needed_only_for_a_gap_a_protected_request_would_miss() -> None:

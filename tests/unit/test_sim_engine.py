@@ -134,10 +134,6 @@ def test_goodput_with_mix_prefill_needed_mixes_only_when_a_running_gap_needs_it(
     tight = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=0.05), policy="goodput", mixed_chunk=True,
                 measured_costs=False, mix_prefill="needed")
     assert ttft(tight, 1) == pytest.approx(0.050) and list(tight.gaps)[0] == pytest.approx(0.035)
-    for tbt, first, gap in ((1.0, 0.045, 0.05), (0.05, 0.050, 0.035)):  # bounded: as needed here
-        bounded = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=tbt), policy="goodput", mixed_chunk=True,
-                      measured_costs=False, mix_prefill="bounded")
-        assert ttft(bounded, 1) == pytest.approx(first) and list(bounded.gaps)[0] == pytest.approx(gap)
     stock = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=1.0), mixed_chunk=True)
     always = run(workload((0.0, 10, 3), (0.005, 20, 2), tbt=1.0), policy="goodput", mixed_chunk=True,
                  measured_costs=False)  # --mix-prefill always, the default
