@@ -96,7 +96,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                    help="repeatable: system superinfer-NAME, our server with FLAGS added (after --our-args), "
                         "to name in --systems, e.g. --variant 'reserve15=--running-reserve 0.15' --systems "
-                        "superinfer,superinfer-reserve15 (--paired with those two alone: the variant beside ours as shipped)")
+                        "superinfer,superinfer-reserve15 (--paired with those two alone: the variant beside "
+                        "ours as shipped)")
     p.add_argument("--out", type=Path, help="output folder (default: results/ab_<profile>_<workload>)")
     p.add_argument("--capacity", action="store_true",
                    help="search each system's SLO capacity (highest rate with >= 90%% of requests meeting both "

@@ -56,9 +56,9 @@ def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any],
     """Running requests to rotate out (beyond `chosen`, this step's other rotations) so that the
     next chunk fits beside this step's resumes (`resuming`, whose KV comes back into the pool):
     the decode shortage's order (lost requests first; those it may rotate, decode rows of the mixed
-    step in flight among them: the previous chunk's step was one, with every running request in it),
-    each counted for the device tokens it holds and the decode row it no longer needs. The same list on every TP rank
-    (rank 0's order, and memory is the same everywhere)."""
+    step in flight among them: the previous chunk's step was one, with every running request in
+    it), each counted for the device tokens it holds and the decode row it no longer needs. The same
+    list on every TP rank (rank 0's order, and memory is the same everywhere)."""
     sched = rt.sched
     if sched.chunked_req is None:
         return []
@@ -79,8 +79,8 @@ def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any],
         short -= _held(req) + (page if mixed else 0)
         if short <= 0:
             break
-    logger.info("chunked prefill of %s: %d running request(s) rotated out for its next chunk%s", sched.chunked_req.rid,
-                len(out), "" if short <= 0 else f" ({short} tokens still short: the chunk is cut)")
+    logger.info("chunked prefill of %s: %d running request(s) rotated out for its next chunk%s",
+                sched.chunked_req.rid, len(out), "" if short <= 0 else f" ({short} tokens still short: the chunk is cut)")
     return out
 
 
