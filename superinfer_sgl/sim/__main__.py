@@ -42,6 +42,10 @@ SHOW = ("requests", "finished", "ttft_attainment", "tbt_attainment", "both_attai
         "rotations_out", "retractions", "moved_in_gb", "transfer_share", "sim_end_s", "wall_s")
 
 
+PROBES_HELP = ("rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it where "
+               "a curve wavers around the target; it never depends on --jobs")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m superinfer_sgl.sim", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -71,9 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--growth", type=float, default=1.25, help="ratio between grid rates")
     cap.add_argument("--resolution", type=float, default=0.02,
                    help="bisect the crossing until its bracket is this fraction of the rate")
-    cap.add_argument("--probes", type=int, default=2,
-                     help="rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it "
-                        "where a curve wavers around the target; it never depends on --jobs")
+    cap.add_argument("--probes", type=int, default=2, help=PROBES_HELP)
     cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
     cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
     pl = sub.add_parser("plan", help="replicas per policy for a mix of SLO classes",
@@ -88,9 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate")
     pl.add_argument("--resolution", type=float, default=0.02)
-    pl.add_argument("--probes", type=int, default=2,
-                    help="rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it "
-                       "where a curve wavers around the target; it never depends on --jobs")
+    pl.add_argument("--probes", type=int, default=2, help=PROBES_HELP)
     pl.add_argument("--jobs", type=int, default=1, help="worker processes")
     pl.add_argument("--json", type=Path, help="write one row per policy")
     vc = sub.add_parser("validate-capacity", help="the planner's one-replica answer against a live capacity run",
