@@ -33,7 +33,8 @@ from superinfer_sgl.sim import validate as validate_defaults
 from superinfer_sgl.rotasched.planner import MIX_PREFILL
 from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.policies import POLICIES
-from superinfer_sgl.sim.runner import Job, run_jobs
+from superinfer_sgl.sim.profile import resolve_profile
+from superinfer_sgl.sim.runner import Job, build_workload, run_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
@@ -234,8 +235,23 @@ def _speed(a: argparse.Namespace) -> None:
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def _check_inputs(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """A misspelt profile or workload is a usage error before any work starts, not a traceback
+    from a worker process."""
+    try:
+        for name in ([a.validate_profile] if a.validate is not None else [getattr(a, "profile", None)]):
+            if name is not None:
+                resolve_profile(name)
+        if a.cmd in ("run", "capacity"):
+            build_workload(a.workload, a.rate if a.cmd == "run" else a.lo, a.duration, a.seed)
+    except (OSError, ValueError) as e:
+        ap.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    ap = _parser()
+    a = ap.parse_args(argv)
+    _check_inputs(ap, a)
     if a.validate is not None:
         from superinfer_sgl.sim import validate
 

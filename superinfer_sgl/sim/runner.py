@@ -17,6 +17,9 @@ from superinfer_sgl.sim.workload import (
 )
 
 
+AZURE_KINDS = ("conv", "code")  # ../shared/data/AzureLLMInferenceTrace_{kind}.csv
+
+
 def build_workload(spec: str, rate: float, duration: float, seed: int = 0,
                    ttft_slo: float | None = None, tbt_slo: float | None = None) -> Workload:
     """sharegpt-like | azure:conv | azure:code | path to a ShareGPT .json, .csv or .jsonl trace.
@@ -30,6 +33,8 @@ def build_workload(spec: str, rate: float, duration: float, seed: int = 0,
         w = sharegpt_like(rate, duration, seed)
     elif spec.startswith("azure:"):
         kind, _, start = spec.split(":", 1)[1].partition("@")
+        if kind not in AZURE_KINDS:
+            raise ValueError(f"{spec}: the Azure traces are {' and '.join(f'azure:{k}' for k in AZURE_KINDS)}")
         w = load_azure(kind, duration=duration, rate=rate or None, start=azure_start(spec, start))
     else:
         path = Path(spec)

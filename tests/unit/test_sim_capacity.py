@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +146,20 @@ def test_a_capacity_under_the_grid_is_found_below_it(knee: float, batch: int) ->
     else:
         assert cap.censored == "below"
     assert find_capacity(_curve(knee)[0], CapacityGrid(lo=1.0, hi=8.0, growth=1.4)).censored == "below"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "--profile", "no-such-profile", "--jobs", "2"], "no profile 'no-such-profile'"),
+    (["capacity", "--profile", "no-such-profile"], "no profile 'no-such-profile'"),
+    (["plan", "--profile", "no-such-profile", "--class", "chat:rate=1,ttft_ms=1000,tbt_ms=50"], "no profile"),
+    (["run", "--workload", "azure:chat"], "the Azure traces are azure:conv and azure:code"),
+    (["capacity", "--workload", "azure:conv@soon"], "START must be seconds"),
+    (["run", "--workload", "/no/such/trace.csv"], "No such file"),
+])
+def test_cli_refuses_a_misspelt_profile_or_workload_before_running(args, says, capsys) -> None:
+    from superinfer_sgl.sim.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
