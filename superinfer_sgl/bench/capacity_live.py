@@ -241,6 +241,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]
                              "per_repeat": list(diff.per_repeat) if diff else [],
                              "repeat_ci": diff.repeat_ci if diff else None,
                              "request_ci": _pct(rb) if len(rb) else None})
+    out["tpot_rule"] = tpot_rule(runs, pairs, results)
     return out
 
 
@@ -249,10 +250,46 @@ def _cap(run: Mapping[str, Any]) -> float:
     return float(run.get("capacity_req_s") or 0.0)
 
 
-def _measured(points: Sequence[Mapping[str, Any]], repeat: int) -> list[tuple[float, np.ndarray]]:
-    """(rate, per-request joint met) of one system's points in one repeat, by rate."""
-    return sorted(((p["rate"], stats.joint_met(p["requests"])) for p in points if p.get("repeat") == repeat),
+def _measured(points: Sequence[Mapping[str, Any]], repeat: int, rule: str = "gaps") -> list[tuple[float, np.ndarray]]:
+    """(rate, per-request joint met by `rule`) of one system's points in one repeat, by rate."""
+    return sorted(((p["rate"], stats.joint_met(p["requests"], rule)) for p in points if p.get("repeat") == repeat),
                   key=lambda x: x[0])
+
+
+def reread_capacity(measured: Sequence[tuple[float, np.ndarray]], target: float = 0.9) -> float:
+    """The first crossing among the measured rates alone: the highest rate below the first one that
+    misses `target` (0 when the lowest misses). Under the rule the search ran by this is its answer
+    up to the bisection; under another rule it can only say as much as the rates probed allow."""
+    passed = 0.0
+    for rate, met in measured:
+        if met.mean() < target:
+            break
+        passed = rate
+    return passed
+
+
+def tpot_rule(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
+              results: Mapping[str, Sequence[Mapping[str, Any]]], target: float = 0.9) -> dict[str, Any]:
+    """The run re-read under DistServe's rule (TTFT and mean TPOT within their SLOs,
+    `stats.tpot_met`) from the rates the search measured: capacity per repeat and the pairs'
+    ratios, beside the same re-reading under the search's own rule."""
+    out: dict[str, Any] = {"systems": {}, "pairs": []}
+    for system in dict.fromkeys(r["system"] for r in runs):
+        repeats = sorted(r["repeat"] for r in runs if r["system"] == system and not r.get("error"))
+        out["systems"][system] = {
+            rule: [reread_capacity(_measured(results.get(system, []), k, rule), target) for k in repeats]
+            for rule in ("gaps", "tpot")}
+    for a, b in pairs:
+        if a not in out["systems"] or b not in out["systems"]:
+            continue
+        row: dict[str, Any] = {"a": a, "b": b}
+        for rule in ("gaps", "tpot"):
+            ok = [(x, y) for x, y in zip(out["systems"][a][rule], out["systems"][b][rule]) if x > 0]
+            diff = stats.ratio("capacity", [x for x, _ in ok], [y for _, y in ok]) if ok else None
+            row[rule] = {"ratio": diff.estimate if diff else None, "repeat_ci": diff.repeat_ci if diff else None,
+                         "mean_a": float(np.mean(out["systems"][a][rule])), "mean_b": float(np.mean(out["systems"][b][rule]))}
+        out["pairs"].append(row)
+    return out
 
 
 def _boot_capacity(measured: Sequence[tuple[float, np.ndarray]], rng: np.random.Generator,
@@ -399,6 +436,17 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
         est = "-" if p["ratio"] is None else f"{p['ratio']:.2f}x"
         lines.append(f"{p['b']} / {p['a']}: {est} (per repeat {per or '-'}; 95% repeat {_ci(p['repeat_ci'], '{:.2f}')}; "
                      f"95% request {_ci(p['request_ci'], '{:.2f}')})")
+    rr = cap.get("tpot_rule")
+    if rr and rr["pairs"]:
+        lines += ["", "Re-read under DistServe's rule (TTFT met and mean TPOT within the TBT SLO, as SGLang's "
+                  "bench_serving computes TPOT) from the rates the search measured, beside the same re-reading "
+                  "under the search's rule (90% of gaps); means in req/s:", ""]
+        for p in rr["pairs"]:
+            for rule, what in (("gaps", "90% of gaps"), ("tpot", "mean TPOT")):
+                x = p[rule]
+                est = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
+                lines.append(f"- {p['b']} / {p['a']}, {what}: {est} (95% repeat {_ci(x['repeat_ci'], '{:.2f}')}; "
+                             f"means {x['mean_b']:.3f} / {x['mean_a']:.3f})")
     lines += ["", "Points measured (rate: joint attainment):", ""]
     for name, pts in doc["results"].items():
         for k in sorted({p.get("repeat", 0) for p in pts}):

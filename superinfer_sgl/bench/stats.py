@@ -34,7 +34,20 @@ def tbt_share(req: Mapping[str, Sequence[Any]]) -> np.ndarray:
                      for ok, m, g in zip(req["success"], req["gaps_met"], req["n_gaps"])])
 
 
-def joint_met(req: Mapping[str, Sequence[Any]]) -> np.ndarray:
+def tpot_met(req: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """Mean time per output token after the first, (e2e - TTFT) / (outputs - 1), within the TBT
+    SLO: DistServe's rule and SGLang bench_serving's TPOT (a failed request misses)."""
+    return np.array([bool(ok) and (n <= 1 or (e2e - t) / (n - 1) <= slo)
+                     for ok, t, e2e, n, slo in zip(req["success"], req["ttft_ms"], req["e2e_ms"], req["output_len"],
+                                                   req["tbt_slo_ms"])])
+
+
+def joint_met(req: Mapping[str, Sequence[Any]], rule: str = "gaps") -> np.ndarray:
+    """TTFT met and the TBT SLO met by `rule`: "gaps" (>= TBT_MET_SHARE of the gaps, the server's
+    rule) or "tpot" (`tpot_met`)."""
+    if rule == "tpot":
+        return ttft_met(req) & tpot_met(req)
+    assert rule == "gaps", rule
     return ttft_met(req) & (tbt_share(req) >= TBT_MET_SHARE)
 
 

@@ -19,8 +19,10 @@ from superinfer_sgl.sim.capacity import CapacityGrid
 
 def _requests(n: int, met: int) -> dict:
     """n requests of which `met` meet both SLOs (TTFT 1 s, every gap met), the rest miss TTFT."""
-    return {"success": [True] * n, "ttft_ms": [100.0] * met + [5000.0] * (n - met), "ttft_slo_ms": [1000.0] * n,
-            "gaps_met": [9] * n, "n_gaps": [9] * n}
+    ttft = [100.0] * met + [5000.0] * (n - met)
+    return {"success": [True] * n, "ttft_ms": ttft, "ttft_slo_ms": [1000.0] * n,
+            "gaps_met": [9] * n, "n_gaps": [9] * n, "output_len": [10] * n, "e2e_ms": [t + 9 * 50.0 for t in ttft],
+            "tbt_slo_ms": [100.0] * n}
 
 
 def _point(rate: float, repeat: int, n: int, met: int) -> dict:
@@ -95,6 +97,34 @@ def test_summary_intervals_and_ratio():
     # and the point above met half (never drawn over 90%): the request-level interval is the capacity
     assert a["request_ci"] == pytest.approx((1.1, 1.1))
     assert pair["request_ci"] == pytest.approx((1.5 / 1.1, 1.5 / 1.1))
+    # re-read from the measured rates: every gap of 50 ms, so both rules agree with the search
+    rr = s["tpot_rule"]
+    assert rr["systems"]["sglang"] == {"gaps": [1.0, 1.2], "tpot": [1.0, 1.2]}
+    assert rr["pairs"][0]["tpot"]["ratio"] == pytest.approx(1.375) == rr["pairs"][0]["gaps"]["ratio"]
+
+
+def test_the_two_tbt_rules_disagree_where_they_should():
+    """One long pause among fast gaps: 90% of gaps met, the mean over the SLO; gaps alternating just
+    over and just under the SLO: the mean met, half the gaps missed."""
+    from superinfer_sgl.bench import stats
+
+    pause = [10.0] * 18 + [2000.0]  # 19 gaps, SLO 100 ms: 18 / 19 = 94.7% met, mean 114.7 ms
+    wobble = [95.0, 105.0] * 10  # 20 gaps: 50% met, mean 100 ms
+    req = {"success": [True, True], "ttft_ms": [100.0, 100.0], "ttft_slo_ms": [1000.0, 1000.0],
+           "tbt_slo_ms": [100.0, 100.0], "output_len": [20, 21], "n_gaps": [19, 20],
+           "gaps_met": [sum(g <= 100 for g in pause), sum(g <= 100 for g in wobble)],
+           "e2e_ms": [100.0 + sum(pause), 100.0 + sum(wobble)]}
+    assert stats.joint_met(req).tolist() == [True, False]
+    assert stats.joint_met(req, "tpot").tolist() == [False, True]
+    failed = dict(req, success=[False, False])
+    assert not stats.joint_met(failed, "tpot").any()
+
+
+def test_a_reread_capacity_is_the_highest_rate_below_the_first_miss():
+    ok, half = np.ones(10, bool), np.array([True] * 5 + [False] * 5)
+    assert cl.reread_capacity([(1.0, ok), (2.0, ok), (3.0, half), (4.0, ok)]) == 2.0  # 4.0 passes again: not counted
+    assert cl.reread_capacity([(1.0, half), (2.0, ok)]) == 0.0
+    assert cl.reread_capacity([(1.0, ok), (2.0, ok)]) == 2.0
 
 
 def test_bootstrap_reads_the_first_crossing_of_resampled_points():

@@ -127,6 +127,21 @@ def test_cli_writes_one_row_per_policy(tmp_path, capsys) -> None:
     assert [r["policy"] for r in rows] == ["sglang", "goodput"]
     assert all("capacity_req_s" in r and r["points"] for r in rows)
     assert "| goodput |" in capsys.readouterr().out
+    assert {r["slo_rule"] for r in rows} == {"gaps"}
+
+
+def test_the_tpot_rule_is_the_summary_s_distserve_joint_attainment() -> None:
+    """`--slo-rule tpot` searches on TTFT met and mean TPOT within the TBT SLO (sim/metrics)."""
+    from superinfer_sgl.sim.runner import run_job
+
+    job = Job("cpu-smollm2-135m", "sglang", duration=20.0, seed=3, rate=2.0)
+    r = run_job(job)
+    assert 0 <= r["joint_tpot_attainment"] <= min(r["ttft_attainment"], r["tpot_attainment"])
+    grid = CapacityGrid(lo=0.25, hi=4.0, growth=1.6, resolution=0.1)
+    tpot = policy_capacity(job, grid, slo_rule="tpot")
+    assert tpot["slo_rule"] == "tpot" and tpot["capacity_req_s"]
+    with pytest.raises(ValueError, match="slo_rule"):
+        policy_capacity(job, grid, slo_rule="p99")
 
 
 @settings(max_examples=40, deadline=None)
