@@ -232,7 +232,7 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
 
 def _summary(doc: dict) -> dict:
     """The live summary of a run that has not finished (ab.json without `capacity`)."""
-    from superinfer_sgl.bench.capacity_live import summarize
+    from superinfer_sgl.bench.capacity_stats import summarize
 
     return summarize(doc.get("capacity_runs") or [], [tuple(p) for p in doc["config"].get("pairs") or []], doc["results"])
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from superinfer_sgl.bench import capacity_live as cl
+from superinfer_sgl.bench import capacity_stats as cs
 from superinfer_sgl.bench.cli import parser
 from superinfer_sgl.sim.capacity import CapacityGrid
 
@@ -85,7 +86,7 @@ def test_summary_intervals_and_ratio():
             runs.append({"system": system, "repeat": k, "capacity_req_s": cap, "censored": None,
                          "bracket": (cap, cap * 1.1)})
             results[system] += [_point(cap * f, k, 40, 40 if f <= 1 else 20) for f in (0.5, 1.0, 1.1)]
-    s = cl.summarize(runs, [("sglang", "superinfer")], results)
+    s = cs.summarize(runs, [("sglang", "superinfer")], results)
     a, b = s["systems"]["sglang"], s["systems"]["superinfer"]
     assert a["per_repeat"] == [1.0, 1.2] and a["mean_req_s"] == pytest.approx(1.1)
     lo, hi = a["repeat_ci"]
@@ -122,21 +123,21 @@ def test_the_two_tbt_rules_disagree_where_they_should():
 
 def test_a_reread_capacity_is_the_highest_rate_below_the_first_miss():
     ok, half = np.ones(10, bool), np.array([True] * 5 + [False] * 5)
-    assert cl.reread_capacity([(1.0, ok), (2.0, ok), (3.0, half), (4.0, ok)]) == 2.0  # 4.0 passes again: not counted
-    assert cl.reread_capacity([(1.0, half), (2.0, ok)]) == 0.0
-    assert cl.reread_capacity([(1.0, ok), (2.0, ok)]) == 2.0
+    assert cs.reread_capacity([(1.0, ok), (2.0, ok), (3.0, half), (4.0, ok)]) == 2.0  # 4.0 passes again: not counted
+    assert cs.reread_capacity([(1.0, half), (2.0, ok)]) == 0.0
+    assert cs.reread_capacity([(1.0, ok), (2.0, ok)]) == 2.0
 
 
 def test_bootstrap_reads_the_first_crossing_of_resampled_points():
     rng = np.random.default_rng(0)
     measured = [(1.0, np.ones(40, bool)), (2.0, np.array([True] * 36 + [False] * 4)), (3.0, np.zeros(40, bool))]
-    draws = cl._boot_capacity(measured, rng)
+    draws = cs._boot_capacity(measured, rng)
     assert set(np.unique(draws)) <= {0.0, 1.0, 2.0}  # 3.0 (0 of 40) never passes
     assert 0.3 < (draws == 2.0).mean() < 0.7  # 2.0 sits at exactly 90%: about half of the draws fail it
     assert (draws == 0.0).mean() < 0.02  # 40 of 40 at 1.0: seldom drawn under 90%, but it can be
-    few = cl._boot_capacity([(1.0, np.ones(5, bool)), (2.0, np.zeros(5, bool))], rng)
+    few = cs._boot_capacity([(1.0, np.ones(5, bool)), (2.0, np.zeros(5, bool))], rng)
     assert (few == 0.0).mean() > 0.2  # 5 of 5 says much less than 40 of 40
-    assert cl._boot_capacity([(1.0, np.zeros(10, bool))], rng).max() == 0.0  # nothing passes: 0
+    assert cs._boot_capacity([(1.0, np.zeros(10, bool))], rng).max() == 0.0  # nothing passes: 0
 
 
 def test_grid_comes_from_calibration_or_the_options():
@@ -160,7 +161,7 @@ def test_cli_flags_and_report_render(tmp_path):
                       "capacity_grid": {"target": 0.9, "lo": 0.5, "hi": 4, "growth": 1.4, "resolution": 0.1},
                       "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": 1},
            "results": results, "capacity_runs": runs, "errors": {}}
-    doc["capacity"] = cl.summarize(runs, [("sglang", "superinfer")], results)
+    doc["capacity"] = cs.summarize(runs, [("sglang", "superinfer")], results)
     text = cl.render_capacity(doc)
     assert "superinfer / sglang: 1.40x" in text and "| sglang | 1.000 |" in text and "0.00% (0 / 900)" in text
     cl.plot_capacity(doc, tmp_path / "c.png")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from superinfer_sgl.bench import capacity_live
+from superinfer_sgl.bench import capacity_live, capacity_stats
 from superinfer_sgl.bench.workloads import search_arrivals
 from superinfer_sgl.sim import capacity_validate as cv
 from superinfer_sgl.sim import steplog, validate
@@ -110,7 +110,7 @@ def _live_run(tmp: Path, slower: float = SLOWER) -> Path:
            "calibration": {"speed": {"steps_ms": _probe(base, slower)["steps_ms"],
                                      "prefill_ms_per_token": _probe(base, slower)["prefill_ms_per_token"]},
                            "mean_prompt_tokens": 150, "probe_out_tokens": 16}}
-    doc["capacity"] = capacity_live.summarize(runs, [("sglang", "superinfer")], results)
+    doc["capacity"] = capacity_stats.summarize(runs, [("sglang", "superinfer")], results)
     (tmp / "ab.json").write_text(json.dumps(doc))
     return tmp
 
