@@ -31,9 +31,10 @@ from superinfer_sgl.sim.profile import resolve_profile
 from superinfer_sgl.sim.runner import build_workload
 
 
-# Counters that only watch the run (peaks of what the hashed decisions did), added after the pins:
-# left out so that pinned fingerprints keep comparing decisions.
-WATCHED = frozenset({"peak_rotary", "peak_host_tokens"})
+# Counters that only watch the run (peaks of what the hashed decisions did) and summary figures read
+# from what is hashed (the mean-TPOT rule's attainment: every request's first and last token),
+# added after the pins: left out so that pinned fingerprints keep comparing decisions.
+WATCHED = frozenset({"peak_rotary", "peak_host_tokens", "joint_tpot_attainment"})
 
 
 def fingerprint(sim: Simulator) -> str:
