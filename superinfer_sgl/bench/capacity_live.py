@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sim.capacity import CapacityGrid, find_capacity
-from . import abfile
+from . import abfile, stats
 from .capacity_stats import summarize
 from .client import ClientError
 from .recompute import pooled_tax
@@ -38,6 +38,7 @@ from .runner import Sweep, calibrate, run_point, save
 from .servers import ServerError, SystemSpec
 from .workloads import search_arrivals
 
+RULE_TEXT = {"gaps": "90% of a request's gaps within it", "tpot": "its mean time per output token within it"}
 EXTEND_BELOW = 4  # grid steps scanned below the grid's lowest rate when it fails (down to ~0.26x)
 
 
@@ -98,8 +99,20 @@ class Side:
                 self.sweep.doc["results"][self.spec.name].append(res)
                 save(self.sweep.plan, self.sweep.doc)  # the run's ab.json (self.plan: repeat k's folder)
             self.sweep.bar.update()
-            out.append(float(res["summary"]["joint_attainment"]))
+            out.append(attainment(res, slo_rule(self.plan)))
         return out
+
+
+def slo_rule(plan: Plan) -> str:
+    """--capacity-slo-rule: "gaps" (the server's rule) or "tpot" (DistServe's, bench/stats.py)."""
+    return getattr(plan.options, "capacity_slo_rule", None) or "gaps"
+
+
+def attainment(point: Mapping[str, Any], rule: str) -> float:
+    """A point's joint attainment under `rule` (the summary's own under "gaps")."""
+    if rule == "gaps":
+        return float(point["summary"]["joint_attainment"])
+    return float(stats.joint_met(point["requests"], rule).mean())
 
 
 def search(side: Side, grid: CapacityGrid) -> dict[str, Any]:
@@ -168,6 +181,7 @@ def execute_capacity(plan: Plan, tokenizer: Any) -> dict[str, Any]:
         doc["config"] = describe(plan, prepare_files(plan, tokenizer))
         doc["config"] |= {"order": "paired" if plan.paired else "sequential", "repeats": plan.repeats,
                           "pairs": [[a.name, b.name] for a, b in pairs], "mode": "capacity",
+                          "slo_rule": slo_rule(plan),
                           "capacity_grid": dataclasses.asdict(grid), "grid_rates": grid.rates(),
                           "core_halves": [sorted(h) for h in halves] if halves else None}
         for spec in plan.systems[1:]:
@@ -189,7 +203,7 @@ def _finish(plan: Plan, doc: dict[str, Any], sweep: Sweep, t_start: float,
     sweep.close()
     doc["wall_s"] = round(time.monotonic() - t_start, 1)
     doc["capacity"] = summarize(doc["capacity_runs"], [(a.name, b.name) for a, b in pairs or []],
-                                {s: pts for s, pts in doc["results"].items()})
+                                {s: pts for s, pts in doc["results"].items()}, rule=slo_rule(plan))
     doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
     save(plan, doc)
     if doc["capacity_runs"]:
@@ -202,7 +216,7 @@ def rereport_capacity(out_dir: Path) -> dict[str, Any]:
     """Recompute the summary, table and plot of a finished capacity run from its ab.json."""
     doc = abfile.load(out_dir)
     doc["capacity"] = summarize(doc["capacity_runs"], [tuple(p) for p in doc["config"].get("pairs") or []],
-                                doc["results"])
+                                doc["results"], rule=doc["config"].get("slo_rule") or "gaps")
     doc["recompute_tax"] = {name: pooled_tax(pts) for name, pts in doc["results"].items() if pts}
     abfile.save_text(out_dir, _compact(doc))
     plot_capacity(doc, out_dir / "capacity.png")
@@ -227,6 +241,8 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
         if doc["config"].get("mode") != "capacity":
             raise ValueError(f"{d}: not a capacity run")
         differ = [k for k in keys if doc["config"].get(k) != first.get(k)]
+        if (doc["config"].get("slo_rule") or "gaps") != (first.get("slo_rule") or "gaps"):  # (runs before it: gaps)
+            differ.append("slo_rule")
         if differ:
             raise ValueError(f"{d} differs from {run_dirs[0]} in {', '.join(differ)}: not the same capacity")
     merged: dict[str, Any] = {**docs[0], "results": {}, "capacity_runs": [], "errors": {}}
@@ -290,6 +306,7 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
     lines = [f"# SLO capacity, live: {cfg.get('profile')} profile, {cfg.get('workload')} workload "
              f"({cfg.get('date_utc')})", "", f"command: `{' '.join(cfg.get('argv', []))}`", "",
              f"capacity = highest rate with >= {100 * grid.get('target', 0.9):.0f}% of requests meeting both SLOs "
+             f"(TBT: {RULE_TEXT[cfg.get('slo_rule') or 'gaps']}) "
              f"(first crossing; sim/capacity.py's search: grid {grid.get('lo')}..{grid.get('hi')} req/s x"
              f"{grid.get('growth')}, bisection to {100 * grid.get('resolution', 0):.0f}%); SLO TTFT "
              f"{cfg.get('slo_default', {}).get('ttft_ms', 0):g} ms / TBT {cfg.get('slo_default', {}).get('tbt_ms', 0):g} ms; "
@@ -319,11 +336,10 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
         est = "-" if p["ratio"] is None else f"{p['ratio']:.2f}x"
         lines.append(f"{p['b']} / {p['a']}: {est} (per repeat {per or '-'}; 95% repeat {_ci(p['repeat_ci'], '{:.2f}')}; "
                      f"95% request {_ci(p['request_ci'], '{:.2f}')})")
-    rr = cap.get("tpot_rule")
+    rr = cap.get("by_rule")
     if rr and rr["pairs"]:
-        lines += ["", "Re-read under DistServe's rule (TTFT met and mean TPOT within the TBT SLO, as SGLang's "
-                  "bench_serving computes TPOT) from the rates the search measured, beside the same re-reading "
-                  "under the search's rule (90% of gaps); means in req/s:", ""]
+        lines += ["", "Re-read under each TBT rule from the rates the search measured (90% of gaps: the server's "
+                  "rule; mean TPOT: DistServe's, as SGLang's bench_serving computes TPOT); means in req/s:", ""]
         for p in rr["pairs"]:
             for rule, what in (("gaps", "90% of gaps"), ("tpot", "mean TPOT")):
                 x = p[rule]

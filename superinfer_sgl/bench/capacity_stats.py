@@ -4,7 +4,8 @@
 (scipy); the ratio ours / baseline per repeat, its mean and t interval (bench/stats.py); and a
 request-level interval: every measured point's pass share drawn from its posterior given its
 requests (Beta, Jeffreys prior) and the first crossing re-read over the rates that were measured.
-`tpot_rule`: the same searches re-read under DistServe's rule (mean TPOT) from their points.
+`by_rule`: the same searches re-read under each TBT rule (90% of gaps; DistServe's mean TPOT) from
+their points.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ N_BOOT = 4000
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
-              results: Mapping[str, Sequence[Mapping[str, Any]]], seed: int = 0) -> dict[str, Any]:
+              results: Mapping[str, Sequence[Mapping[str, Any]]], seed: int = 0, rule: str = "gaps") -> dict[str, Any]:
     """Per system: capacity per repeat, mean, t interval, request-level interval (posterior draws
-    of every point's pass share, `_boot_capacity`); per pair: the ratio B / A per repeat with its
-    t interval, and the ratio of the request-level draws."""
+    of every point's pass share, `_boot_capacity`, a request passing by `rule`: the search's); per
+    pair: the ratio B / A per repeat with its t interval, and the ratio of the request-level draws;
+    `by_rule`: the searches re-read under each rule."""
     out: dict[str, Any] = {"systems": {}, "pairs": []}
     rng = np.random.default_rng(seed)
     draws: dict[str, np.ndarray] = {}
     for system in dict.fromkeys(r["system"] for r in runs):
         mine = sorted((r for r in runs if r["system"] == system and not r.get("error")), key=lambda r: r["repeat"])
         caps = [_cap(r) for r in mine]
-        boot = np.mean([_boot_capacity(_measured(results.get(system, []), r["repeat"]), rng) for r in mine], axis=0)
+        boot = np.mean([_boot_capacity(_measured(results.get(system, []), r["repeat"], rule), rng) for r in mine],
+                       axis=0)
         draws[system] = boot
         out["systems"][system] = {
             "per_repeat": caps, "censored": [r.get("censored") for r in mine],
@@ -58,7 +61,8 @@ def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]
                              "request_ci": _pct(rb) if len(rb) else None})
     # (points recorded without end-to-end latencies cannot give a mean TPOT)
     timed = all("e2e_ms" in p["requests"] and "output_len" in p["requests"] for pts in results.values() for p in pts)
-    out["tpot_rule"] = tpot_rule(runs, pairs, results) if timed else None
+    out["rule"] = rule
+    out["by_rule"] = by_rule(runs, pairs, results) if timed else None
     return out
 
 
@@ -85,11 +89,12 @@ def reread_capacity(measured: Sequence[tuple[float, np.ndarray]], target: float 
     return passed
 
 
-def tpot_rule(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
-              results: Mapping[str, Sequence[Mapping[str, Any]]], target: float = 0.9) -> dict[str, Any]:
-    """The run re-read under DistServe's rule (TTFT and mean TPOT within their SLOs,
-    `stats.tpot_met`) from the rates the search measured: capacity per repeat and the pairs'
-    ratios, beside the same re-reading under the search's own rule."""
+def by_rule(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
+            results: Mapping[str, Sequence[Mapping[str, Any]]], target: float = 0.9) -> dict[str, Any]:
+    """The run re-read under each rule ("gaps", the server's; "tpot", DistServe's: TTFT and mean
+    TPOT within their SLOs, `stats.tpot_met`) from the rates the search measured: capacity per
+    repeat and the pairs' ratios (under the search's own rule these are the search's answers, up
+    to the bisection)."""
     out: dict[str, Any] = {"systems": {}, "pairs": []}
     for system in dict.fromkeys(r["system"] for r in runs):
         repeats = sorted(r["repeat"] for r in runs if r["system"] == system and not r.get("error"))

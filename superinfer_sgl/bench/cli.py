@@ -108,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-growth", type=float, default=1.4, help="--capacity: grid ratio (default 1.4)")
     p.add_argument("--capacity-resolution", type=float, default=0.1,
                    help="--capacity: bisect the first crossing to this fraction of the rate (default 0.1)")
+    p.add_argument("--capacity-slo-rule", choices=("gaps", "tpot"), default="gaps",
+                   help="--capacity: what meeting the TBT SLO means: gaps (the default, the server's rule) = at least "
+                        "90%% of a request's gaps within it; tpot = its mean time per output token within it "
+                        "(DistServe's goodput, SGLang bench_serving's TPOT)")
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
     p.add_argument("--report", type=Path, metavar="DIR",
                    help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")

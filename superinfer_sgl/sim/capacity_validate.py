@@ -166,6 +166,9 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
     cfg = doc["config"]
     if cfg.get("mode") != "capacity":
         raise ValueError(f"{ab_path}: not a capacity run (ab_bench.py --capacity)")
+    if (cfg.get("slo_rule") or "gaps") != "gaps":
+        raise ValueError(f"{ab_path}: searched under the {cfg['slo_rule']!r} TBT rule; the planner and the replay "
+                         "answer under the server's (90% of gaps) only")
     live_grid = CapacityGrid(**cfg["capacity_grid"])
     grid = CapacityGrid(live_grid.target, live_grid.lo / 4, live_grid.hi * 2, PLANNER_GROWTH, resolution)
     measured = doc.get("capacity") or _summary(doc)
@@ -234,7 +237,8 @@ def _summary(doc: dict) -> dict:
     """The live summary of a run that has not finished (ab.json without `capacity`)."""
     from superinfer_sgl.bench.capacity_stats import summarize
 
-    return summarize(doc.get("capacity_runs") or [], [tuple(p) for p in doc["config"].get("pairs") or []], doc["results"])
+    return summarize(doc.get("capacity_runs") or [], [tuple(p) for p in doc["config"].get("pairs") or []], doc["results"],
+                     rule=doc["config"].get("slo_rule") or "gaps")
 
 
 def _position(x: float | None, bracket: Sequence[float | None] | None) -> str | None:

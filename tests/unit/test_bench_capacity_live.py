@@ -61,7 +61,7 @@ def test_searches_run_side_by_side_and_find_each_first_crossing(tmp_path, monkey
     monkeypatch.setattr(cl, "save", lambda plan, doc: saved.append(plan.out_dir))
     (tmp_path / "schedules").mkdir()
     plan = SimpleNamespace(repeat=0, seed=1, requests=[None] * n, out_dir=tmp_path,
-                           profile=SimpleNamespace(ready_timeout_s=30))
+                           profile=SimpleNamespace(ready_timeout_s=30), options=parser().parse_args(["--capacity"]))
     grid = CapacityGrid(lo=0.5, hi=4.0, growth=1.4, resolution=0.05)
     pair = (SimpleNamespace(name="sglang"), SimpleNamespace(name="superinfer"))
     found = cl.run_searches(sweep, plan, grid, 0, [pair], (frozenset({0}), frozenset({1})))
@@ -99,7 +99,8 @@ def test_summary_intervals_and_ratio():
     assert a["request_ci"] == pytest.approx((1.1, 1.1))
     assert pair["request_ci"] == pytest.approx((1.5 / 1.1, 1.5 / 1.1))
     # re-read from the measured rates: every gap of 50 ms, so both rules agree with the search
-    rr = s["tpot_rule"]
+    assert s["rule"] == "gaps"
+    rr = s["by_rule"]
     assert rr["systems"]["sglang"] == {"gaps": [1.0, 1.2], "tpot": [1.0, 1.2]}
     assert rr["pairs"][0]["tpot"]["ratio"] == pytest.approx(1.375) == rr["pairs"][0]["gaps"]["ratio"]
 
@@ -150,9 +151,23 @@ def test_grid_comes_from_calibration_or_the_options():
     assert (cl.grid_for(plan, 2.0).lo, cl.grid_for(plan, 2.0).hi) == (0.3, 3.0)
 
 
+def test_a_search_under_the_tpot_rule_measures_each_point_by_it():
+    """--capacity-slo-rule: the search's attainment of a point under either rule."""
+    plan = SimpleNamespace(options=parser().parse_args(["--capacity"]))
+    assert cl.slo_rule(plan) == "gaps"
+    plan = SimpleNamespace(options=parser().parse_args(["--capacity", "--capacity-slo-rule", "tpot"]))
+    assert cl.slo_rule(plan) == "tpot"
+    point = _point(1.0, 0, 10, 8)
+    slow = point["requests"]
+    slow["e2e_ms"] = [t + 9 * (150.0 if i < 3 else 50.0) for i, t in enumerate(slow["ttft_ms"])]  # 3 means over 100 ms
+    assert cl.attainment(point, "gaps") == 0.8  # the summary's own figure
+    assert cl.attainment(point, "tpot") == pytest.approx(0.5)  # 8 TTFTs met, 3 of those over the mean
+
+
 def test_cli_flags_and_report_render(tmp_path):
     a = parser().parse_args(["--capacity", "--paired", "--capacity-grid", "0.4,2"])
     assert a.capacity and a.capacity_grid == (0.4, 2.0) and a.capacity_resolution == 0.1
+    assert a.capacity_slo_rule == "gaps"
     runs = [{"system": s, "repeat": 0, "capacity_req_s": c, "censored": None, "bracket": (c, c)}
             for s, c in (("sglang", 1.0), ("superinfer", 1.4))]
     results = {s: [{**_point(c, 0, 40, 40), "recompute": {"recomputed_tokens": 0.0, "prefill_tokens": 900.0}}]
@@ -164,11 +179,12 @@ def test_cli_flags_and_report_render(tmp_path):
     doc["capacity"] = cs.summarize(runs, [("sglang", "superinfer")], results)
     text = cl.render_capacity(doc)
     assert "superinfer / sglang: 1.40x" in text and "| sglang | 1.000 |" in text and "0.00% (0 / 900)" in text
+    assert "(TBT: 90% of a request's gaps within it)" in text and "mean TPOT: 1.40x" in text
     cl.plot_capacity(doc, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
-def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5) -> Path:
+def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, rule: str | None = None) -> Path:
     """A finished capacity run folder: one repeat per (stock, ours) capacity pair."""
     runs, results = [], {"sglang": [], "superinfer": []}
     for k, pair in enumerate(caps):
@@ -180,6 +196,8 @@ def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5) 
            "mode": "capacity", "order": "paired", "class_mix": None,
            "capacity_grid": {"target": 0.9, "lo": grid_lo, "hi": 4, "growth": 1.4, "resolution": 0.1},
            "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": len(caps)}
+    if rule is not None:  # (runs before --capacity-slo-rule do not say: gaps)
+        cfg["slo_rule"] = rule
     path.mkdir()
     (path / "ab.json").write_text(json.dumps({"config": cfg, "results": results, "capacity_runs": runs, "errors": {}}))
     return path
@@ -206,6 +224,12 @@ def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_pat
     c = _run_dir(tmp_path / "c", [(1.0, 1.2)], grid_lo=0.7)
     assert main(["--report", str(tmp_path / "bad"), "--merge", str(a), str(c)]) == 2
     assert "capacity_grid" in capsys.readouterr().err
+    # searched under another TBT rule: another capacity too; a run that does not say searched on gaps
+    assert main(["--report", str(tmp_path / "same"), "--merge", str(a), str(_run_dir(tmp_path / "g", [(1.0, 1.2)],
+                                                                                       rule="gaps"))]) == 0
+    assert main(["--report", str(tmp_path / "bad2"), "--merge", str(a), str(_run_dir(tmp_path / "t", [(1.0, 1.2)],
+                                                                                       rule="tpot"))]) == 2
+    assert "slo_rule" in capsys.readouterr().err
     assert main(["--merge", str(a)]) == 2
 
 
@@ -262,3 +286,11 @@ def test_a_report_past_the_tracked_file_limit_is_written_gzipped_and_read_back(t
     assert (out / "ab.json").is_file() and not (out / "ab.json.gz").exists()
     with pytest.raises(FileNotFoundError, match="no ab.json or ab.json.gz"):
         abfile.load(tmp_path / "nothing-here")
+
+
+def test_validate_capacity_refuses_a_run_searched_under_the_tpot_rule(tmp_path):
+    """The planner and the replay answer under the server's rule only: said, not compared wrongly."""
+    from superinfer_sgl.sim import capacity_validate
+
+    with pytest.raises(ValueError, match="'tpot' TBT rule"):
+        capacity_validate.check(_run_dir(tmp_path / "t", [(1.0, 1.2)], rule="tpot"))
