@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sim.capacity import SLO_RULES
 from . import stats
 
 N_BOOT = 4000
@@ -100,12 +101,12 @@ def by_rule(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
         repeats = sorted(r["repeat"] for r in runs if r["system"] == system and not r.get("error"))
         out["systems"][system] = {
             rule: [reread_capacity(_measured(results.get(system, []), k, rule), target) for k in repeats]
-            for rule in ("gaps", "tpot")}
+            for rule in SLO_RULES}
     for a, b in pairs:
         if a not in out["systems"] or b not in out["systems"]:
             continue
         row: dict[str, Any] = {"a": a, "b": b}
-        for rule in ("gaps", "tpot"):
+        for rule in SLO_RULES:
             ok = [(x, y) for x, y in zip(out["systems"][a][rule], out["systems"][b][rule]) if x > 0]
             diff = stats.ratio("capacity", [x for x, _ in ok], [y for _, y in ok]) if ok else None
             row[rule] = {"ratio": diff.estimate if diff else None, "repeat_ci": diff.repeat_ci if diff else None,
