@@ -346,10 +346,11 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
                 est = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
                 lines.append(f"- {p['b']} / {p['a']}, {what}: {est} (95% repeat {_ci(x['repeat_ci'], '{:.2f}')}; "
                              f"means {x['mean_b']:.3f} / {x['mean_a']:.3f})")
-    lines += ["", "Points measured (rate: joint attainment):", ""]
+    rule = cfg.get("slo_rule") or "gaps"
+    lines += ["", "Points measured (rate: joint attainment, the search's rule):", ""]
     for name, pts in doc["results"].items():
         for k in sorted({p.get("repeat", 0) for p in pts}):
-            seq = ", ".join(f"{p['rate']:.3g}: {100 * p['summary']['joint_attainment']:.0f}%"
+            seq = ", ".join(f"{p['rate']:.3g}: {100 * attainment(p, rule):.0f}%"
                             for p in sorted((p for p in pts if p.get("repeat", 0) == k), key=lambda p: p["rate"]))
             lines.append(f"- {name}, repeat {k}: {seq}")
     results = {k: v for k, v in doc["results"].items() if v}
@@ -370,20 +371,21 @@ def plot_capacity(doc: Mapping[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     cap = doc.get("capacity", {}).get("systems", {})
+    rule = doc["config"].get("slo_rule") or "gaps"
     for n, (name, pts) in enumerate(doc["results"].items()):
         if not pts:
             continue
         color = f"C{n}"
         for k in sorted({p.get("repeat", 0) for p in pts}):
             mine = sorted((p for p in pts if p.get("repeat", 0) == k), key=lambda p: p["rate"])
-            ax.plot([p["rate"] for p in mine], [100 * p["summary"]["joint_attainment"] for p in mine],
+            ax.plot([p["rate"] for p in mine], [100 * attainment(p, rule) for p in mine],
                     marker="os^v"[k % 4], color=color, alpha=0.8, label=f"{name} r{k}")
         mean = cap.get(name, {}).get("mean_req_s")
         if mean:
             ax.axvline(mean, color=color, linestyle=":", linewidth=1)
     ax.axhline(90, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("joint SLO attainment (%)")
+    ax.set_ylabel("joint SLO attainment (%" + ("; TBT: mean TPOT)" if rule == "tpot" else ")"))
     ax.set_title(f"live capacity search ({doc['config'].get('profile')}; dotted: mean capacity)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
