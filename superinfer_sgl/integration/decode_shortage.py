@@ -23,9 +23,9 @@ order). A lost request loses nothing it could still win by a pause; SGLang's ord
 that, so the batch that stays is the one SGLang would have kept. As in SGLang's loop: at least one
 request is taken (its forced test retraction takes one even when memory is not short), then one more
 while the next step does not fit, and the last request is never taken. Only rotatable requests
-(`views.rotatable`: not mid-prefill or in a prefill still in flight under the overlap scheduler, a
-decode row of an in-flight mixed batch allowed; no grammar, multimodal input, beams or session) with
-a clock are victims; a request the host pool cannot
+(`may_rotate`: not mid-prefill or in a prefill still in flight under the overlap scheduler, a decode
+row of an in-flight mixed batch allowed; no grammar, multimodal input, beams or session) with a
+clock are victims; a request the host pool cannot
 take (`rotation.rotate_out` returns None, nothing changed) is skipped, and what is left short goes to
 SGLang's retraction.
 
@@ -48,11 +48,12 @@ from typing import Any, Callable
 from ..rotasched import ReqState
 from . import copy_metrics, rotation
 from .metrics import SHORTAGE_ROTATED
-from .views import rotatable
+from .views import BatchRows, rotatable
 
 logger = logging.getLogger(__name__)
 
 Retraction = tuple[list[Any], float, list[Any]]  # retract_decode's (retracted, new_token_ratio, aborted)
+_DECODING_ROWS = BatchRows()  # the in-flight mixed batch's decode rows (`may_rotate`)
 
 
 def active(rt: Any) -> bool:
@@ -76,7 +77,7 @@ def answer(rt: Any, original: Callable[[Any], Retraction], batch: Any) -> Retrac
         if len(kept) <= 1:
             break  # SGLang's rule: always keep one request
         i = index.get(rid)
-        if i is None or not rotatable(rt.sched, batch.reqs[i]):
+        if i is None or not may_rotate(rt.sched, batch.reqs[i]):
             continue  # (the same on every rank: the order is rank 0's, the batch everyone's)
         if rotate_one(rt, batch.reqs[i], now):
             kept.remove(i)
@@ -112,13 +113,34 @@ def victim_order(rt: Any, batch: Any) -> list[str]:
     clocks, rows = rt.clocks.by_rid, []
     for i, req in enumerate(reqs):
         clk = clocks.get(req.rid)
-        if clk is None or not rotatable(rt.sched, req):
+        if clk is None or not may_rotate(rt.sched, req):
             continue
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
         lost = clk.ttft_met is False or clk.misses_left(left if left > 0 else 0) < 0
         rows.append(((0, clk.slo.weight) if lost else (1, 0.0), sglang_turn[i], req.rid))
     rows.sort()
     return [row[2] for row in rows]
+
+
+def may_rotate(sched: Any, req: Any) -> bool:
+    """`views.rotatable`, and also a request that is only a decode row of the mixed batch in flight
+    (SGLang's mixed chunk, on by default with rotation: a decode step beside prefills, our resumes'
+    one-token extends among them). `rotatable` refuses every request of an in-flight extend or mixed
+    batch, since a prefill row is still writing its KV; a decode row's forward writes only its last
+    output token's KV, which a rotation never copies (as in a plain decode batch in flight). Without
+    this, a shortage right after a mixed step (the common case: the step's admissions took the
+    memory) finds nothing rotatable and goes to SGLang's retraction."""
+    if rotatable(sched, req):
+        return True
+    last = sched.last_batch
+    if last is None or not last.forward_mode.is_mixed() or not last.decoding_reqs \
+            or not _DECODING_ROWS.holds(last.decoding_reqs, req):
+        return False
+    sched.last_batch = None  # the same checks, with that batch set aside
+    try:
+        return rotatable(sched, req)
+    finally:
+        sched.last_batch = last
 
 
 def rotate_one(rt: Any, req: Any, now: float) -> bool:

@@ -80,8 +80,8 @@ def free_blocks(sched: Any, also_free_tokens: int, reserved: float, block_tokens
 
 class BatchRows:
     """The requests of one batch list as a set of ids, built once per list: `rotatable` asks about
-    the last batch (and a mixed one's decode rows) for every running request, and walking the
-    batch for each one costs O(running x batch) a step (9.4 ms for 1,000
+    the last batch for every running request (and `decode_shortage.may_rotate` about its decode
+    rows), and walking the batch for each one costs O(running x batch) a step (9.4 ms for 1,000
     running requests on the dev VM). Keyed on the list's identity and length: SGLang builds a new
     list when it filters a batch and extends the list when it merges one. The list is held, so no
     id in the set can be reused meanwhile."""
@@ -98,15 +98,11 @@ class BatchRows:
 
 
 _LAST_BATCH_ROWS = BatchRows()
-_DECODING_ROWS = BatchRows()  # a mixed last batch's decode rows
 
 
 def rotatable(sched: Any, req: Any) -> bool:
     """Whether the request's KV may be moved to host now (not mid-prefill, no grammar, multimodal,
-    beam or session state our rotation does not carry). Under the overlap scheduler SGLang's last
-    batch may still be in flight: a prefill row of it is still writing its KV and may not go; a
-    decode row (of a decode batch, or of a mixed one: SGLang's mixed chunk, on by default with
-    rotation) writes only its last output token's KV, which a rotation never copies, and may."""
+    beam or session state our rotation does not carry)."""
     if req is sched.chunked_req or not rotation.can_rotate(req):
         return False
     if getattr(req, "grammar", None) is not None or getattr(req, "multimodal_inputs", None) is not None:
@@ -114,10 +110,8 @@ def rotatable(sched: Any, req: Any) -> bool:
     if getattr(req, "beam_group", None) is not None or getattr(req, "session", None) is not None:
         return False
     last = sched.last_batch
-    if last is None or not last.forward_mode.is_extend() or not _LAST_BATCH_ROWS.holds(last.reqs, req):
-        return True
-    decoding = last.decoding_reqs if last.forward_mode.is_mixed() else None
-    return bool(decoding) and _DECODING_ROWS.holds(decoding, req)
+    # Under the overlap scheduler a prefill still in flight is writing this request's KV.
+    return not (last is not None and last.forward_mode.is_extend() and _LAST_BATCH_ROWS.holds(last.reqs, req))
 
 
 def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rotate: bool,

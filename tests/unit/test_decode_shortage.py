@@ -273,7 +273,7 @@ def test_decode_rows_of_an_in_flight_mixed_batch_may_rotate(monkeypatch: pytest.
                                                            rotated: str | None) -> None:
     """Under the overlap scheduler the batch in flight is SGLang's last_batch: after a mixed step its
     decode rows write only their last output token's KV (never copied) and may be rotated out; its
-    prefill rows may not (views.rotatable, the rule policy rotations follow too)."""
+    prefill rows may not (views.rotatable refuses them all)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     rig = Rig(monkeypatch, host_blocks=16)

@@ -1,7 +1,7 @@
-"""`integration.views.rotatable` against SGLang's last batch: a prefill row of an extend (prefill or
-mixed) batch that may still be in flight is not rotatable, a decode row of a mixed one is; the
-batch's rows are read as an id set built once per batch list, which follows SGLang's filtering (a
-new list) and merging (the list extended) of that batch."""
+"""`integration.views.rotatable` against SGLang's last batch: a request in an extend (prefill or
+mixed) batch that may still be in flight is not rotatable; the batch's rows are read as an id set
+built once per batch list, which follows SGLang's filtering (a new list) and merging (the list
+extended) of that batch."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def _mode(name: str):  # noqa: ANN202
 @pytest.mark.parametrize("mode", ["EXTEND", "MIXED"])
 def test_rows_of_an_extend_batch_in_flight_are_not_rotatable(mode: str) -> None:
     a, b, c, d = (_req(r) for r in "abcd")
-    last = SimpleNamespace(forward_mode=_mode(mode), reqs=[a, b], decoding_reqs=[])  # every row a prefill row
+    last = SimpleNamespace(forward_mode=_mode(mode), reqs=[a, b])
     sched = SimpleNamespace(chunked_req=None, last_batch=last)
     assert [rotatable(sched, r) for r in (a, b, c)] == [False, False, True]
     last.reqs = [b]  # SGLang's filter_batch: a new list
     assert [rotatable(sched, r) for r in (a, b, c)] == [True, False, True]
     last.reqs.extend([c, d])  # merge_batch: the same list, extended
     assert [rotatable(sched, r) for r in (a, b, c, d)] == [True, False, False, False]
-    sched.last_batch = SimpleNamespace(forward_mode=_mode(mode), reqs=[a, c, d], decoding_reqs=[])  # the next batch
+    sched.last_batch = SimpleNamespace(forward_mode=_mode(mode), reqs=[a, c, d])  # the next batch
     assert [rotatable(sched, r) for r in (a, b, c, d)] == [False, True, False, False]
     sched.last_batch = SimpleNamespace(forward_mode=_mode("DECODE"), reqs=[a, b, c, d])
     assert all(rotatable(sched, r) for r in (a, b, c, d))  # a decode batch writes only the last token
@@ -47,25 +47,6 @@ def test_a_request_with_a_fields_equal_twin_is_told_apart() -> None:
     """Rows are matched by identity, as SGLang's requests compare (fakes compare by fields)."""
     a, twin = _req("a"), _req("a")
     assert a == twin
-    sched = SimpleNamespace(chunked_req=None, last_batch=SimpleNamespace(forward_mode=_mode("EXTEND"), reqs=[a],
-                                                                      decoding_reqs=[]))
+    sched = SimpleNamespace(chunked_req=None, last_batch=SimpleNamespace(forward_mode=_mode("EXTEND"), reqs=[a]))
     assert not rotatable(sched, a) and rotatable(sched, twin)
     assert not rotatable(SimpleNamespace(chunked_req=twin, last_batch=None), twin)  # mid-prefill
-
-
-def test_decode_rows_of_a_mixed_batch_in_flight_are_rotatable() -> None:
-    """A mixed step's decode rows write only their last output token's KV (never copied): they may
-    be rotated out while it is in flight, its prefill rows may not; in a plain prefill batch every
-    row is a prefill row (SGLang leaves `decoding_reqs` unset or stale there: not read)."""
-    a, b, c, d = (_req(r) for r in "abcd")
-    last = SimpleNamespace(forward_mode=_mode("MIXED"), reqs=[a, b, c], decoding_reqs=[a, c])
-    sched = SimpleNamespace(chunked_req=None, last_batch=last)
-    assert [rotatable(sched, r) for r in (a, b, c, d)] == [True, False, True, True]
-    last.decoding_reqs = [c]  # filtered: a new list
-    assert [rotatable(sched, r) for r in (a, b, c, d)] == [False, False, True, True]
-    sched.last_batch = SimpleNamespace(forward_mode=_mode("EXTEND"), reqs=[a, b, c], decoding_reqs=[a, c])
-    assert [rotatable(sched, r) for r in (a, b, c, d)] == [False, False, False, True]
-    a.grammar = object()  # what rotation does not carry still refuses a decode row
-    sched.last_batch = last
-    last.decoding_reqs = [a, c]
-    assert not rotatable(sched, a)
