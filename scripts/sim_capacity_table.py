@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from superinfer_sgl.sim.capacity import SLO_RULES, CapacityGrid, policy_capacity
+from superinfer_sgl.sim.capacity import SLO_RULE_HELP, SLO_RULES, CapacityGrid, policy_capacity
 from superinfer_sgl.sim.runner import Job
 from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
@@ -43,8 +43,7 @@ def main() -> None:
     ap.add_argument("--resolution", type=float, default=0.02)
     ap.add_argument("--hi", type=float, default=64.0, help="highest rate of the grid (req/s)")
     ap.add_argument("--probes", type=int, default=2, help="rates per bisection round (sim capacity --probes)")
-    ap.add_argument("--slo-rule", choices=sorted(SLO_RULES), default="gaps",
-                    help="what meeting the TBT SLO means (sim capacity --slo-rule): gaps = 90%% of gaps, tpot = the mean")
+    ap.add_argument("--slo-rule", choices=sorted(SLO_RULES), default="gaps", help=SLO_RULE_HELP)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_capacity"))
     a = ap.parse_args()

@@ -45,6 +45,14 @@ def stock_sched_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def stock_sched_server_no_overlap(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The same without the overlap scheduler: the reference of `rota_server_no_overlap` where SGLang's
+    two loops differ (its penalties count the outputs one step later under overlap)."""
+    yield from _server(tmp_path_factory, "stock_sched_no_overlap",
+                       ["--scheduler", "sglang", "--disable-overlap-schedule", *COMMON])
+
+
+@pytest.fixture(scope="session")
 def rota_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """RotaSched with forced rotations every 3 iterations, overlap scheduler on (SGLang default),
     eager sync on (off by default on CPU: this keeps its path under the lossless checks)."""

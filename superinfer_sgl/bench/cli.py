@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..rotasched.slo import SloError
-from ..sim.capacity import SLO_RULES
+from ..sim.capacity import SLO_RULE_HELP, SLO_RULES
 from . import abfile
 from .paired import core_halves, pairs_for
 from .planning import build_plan
@@ -109,10 +109,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-growth", type=float, default=1.4, help="--capacity: grid ratio (default 1.4)")
     p.add_argument("--capacity-resolution", type=float, default=0.1,
                    help="--capacity: bisect the first crossing to this fraction of the rate (default 0.1)")
-    p.add_argument("--capacity-slo-rule", choices=sorted(SLO_RULES), default="gaps",
-                   help="--capacity: what meeting the TBT SLO means: gaps (the default, the server's rule) = at least "
-                        "90%% of a request's gaps within it; tpot = its mean time per output token within it "
-                        "(DistServe's goodput, SGLang bench_serving's TPOT)")
+    p.add_argument("--capacity-slo-rule", choices=sorted(SLO_RULES), default="gaps", help="--capacity: " + SLO_RULE_HELP)
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
     p.add_argument("--report", type=Path, metavar="DIR",
                    help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 from ..config import SuperInferConfig
 from ..rotasched import Slo, SloClasses, SloError, resolve_slo, DEFAULT_CLASSES
 from ..rotasched.slo import check_slo_keys
-from . import http_guard, http_slo, input_guard, prefix_cache
+from . import http_guard, http_slo, input_guard, penalty_rows, prefix_cache
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
 STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
@@ -62,6 +62,9 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     yield f"{SCHED}.update_running_batch", recompute["decode_update"], HookType.AROUND
     yield f"{SCHED}._add_request_to_queue", recompute["requeued"], HookType.BEFORE
     yield f"{SCHED}._get_new_batch_prefill_raw", recompute["prefill"], HookType.AFTER
+    # A resumed or recomputed request's penalty state (frequency, presence, repetition,
+    # min_new_tokens) lives in batch rows that SGLang builds empty: refilled from its outputs.
+    yield "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", _restore_penalties, HookType.AFTER
     # A running fixed-length request's decode reserve in SGLang's admission budget: the same rule
     # as our views (views.running_reserve, --running-reserve), so both count the same free memory.
     yield ADDER_RUNNING_RESERVE, _running_offset, HookType.AROUND
@@ -96,6 +99,10 @@ def forward_fence() -> list[Any]:
     from .rotation import forward_fence as fence
 
     return fence(sched)
+
+
+def _restore_penalties(result: None, batch: Any, *args: Any, **kwargs: Any) -> None:
+    penalty_rows.restore(batch, bool(getattr(batch, "enable_overlap", False)))
 
 
 def _running_offset(original: Callable[..., Any], adder: Any, req: Any) -> Any:

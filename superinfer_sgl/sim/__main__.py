@@ -43,9 +43,6 @@ SHOW = ("requests", "finished", "ttft_attainment", "tbt_attainment", "both_attai
         "rotations_out", "retractions", "moved_in_gb", "transfer_share", "sim_end_s", "wall_s")
 
 
-SLO_RULE_HELP = ("what meeting the TBT SLO means: gaps (the default, the server's rule) = at least 90%% of a "
-                 "request's inter-token gaps within it; tpot = its mean time per output token within it "
-                 "(DistServe's goodput, SGLang bench_serving's TPOT)")
 PROBES_HELP = ("rates probed per bisection round (1: bisection; 2: thirds). The answer can depend on it where "
                "a curve wavers around the target; it never depends on --jobs")
 
@@ -81,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="bisect the crossing until its bracket is this fraction of the rate")
     cap.add_argument("--probes", type=int, default=2, help=PROBES_HELP)
     cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
-    cap.add_argument("--slo-rule", choices=sorted(capacity.SLO_RULES), default="gaps", help=SLO_RULE_HELP)
+    cap.add_argument("--slo-rule", choices=sorted(capacity.SLO_RULES), default="gaps", help=capacity.SLO_RULE_HELP)
     cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
     pl = sub.add_parser("plan", help="replicas per policy for a mix of SLO classes",
                         description=plan.__doc__.split("\n\n")[0])

@@ -29,6 +29,10 @@ Measure = Callable[[Sequence[float]], Sequence[float]]
 # 90% of its inter-token gaps within the SLO (the server's own rule, rotasched/clock.py); "tpot",
 # its mean time per output token within it (DistServe's goodput, SGLang's bench_serving TPOT).
 SLO_RULES = {"gaps": "both_attainment", "tpot": "joint_tpot_attainment"}
+# Its --help text, for every command line that offers the choice (argparse: %% is a percent sign).
+SLO_RULE_HELP = ("what meeting the TBT SLO means: gaps (the default, the server's rule) = at least 90%% of a "
+                 "request's inter-token gaps within it; tpot = its mean time per output token within it "
+                 "(DistServe's goodput, SGLang bench_serving's TPOT)")
 
 
 @dataclass(frozen=True)
@@ -175,4 +179,4 @@ def capacity_table(rows: list[dict], baseline: str = "sglang") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SLO_RULES", "Capacity", "CapacityGrid", "capacity_table", "find_capacity", "policy_capacity"]
+__all__ = ["SLO_RULES", "SLO_RULE_HELP", "Capacity", "CapacityGrid", "capacity_table", "find_capacity", "policy_capacity"]

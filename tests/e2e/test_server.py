@@ -141,3 +141,37 @@ def test_rotated_requests_equal_stock_alone(request: pytest.FixtureRequest, fixt
     # Lossless: every re-admitted request reads exactly the bytes it saved (a tree prefix recomputed
     # by another request with other bits is not substituted: rotation.insert_restored).
     assert delta('superinfer_kv_verify_total{outcome="changed"}') == 0
+
+
+
+# Sampling state that SGLang keeps per batch row, not per request: penalty counts over the outputs
+# so far and the min_new_tokens count (integration/penalty_rows.py). A resumed request joins a new
+# batch: its row must carry what it had produced before it was paused, or its next tokens differ
+# from the request served alone. Each group runs on its own, so that the forced rotations (the
+# first rotatable request in batch order) fall on its requests.
+PENALTIES = [
+    {"frequency_penalty": 1.5},
+    {"presence_penalty": 1.5},
+    {"repetition_penalty": 1.8},
+    {"min_new_tokens": 24, "ignore_eos": False},
+]
+
+
+@pytest.mark.parametrize("fixture,reference", [("rota_server", "stock_sched_server"),
+                                               ("rota_server_no_overlap", "stock_sched_server_no_overlap")])
+@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
+def test_rotated_requests_keep_their_penalty_state(request: pytest.FixtureRequest, fixture: str,
+                                                   reference: str, params: dict) -> None:
+    server: Server = request.getfixturevalue(fixture)
+    stock: Server = request.getfixturevalue(reference)  # the same scheduler loop, SGLang's scheduling
+
+    def run(srv: Server, prompt: str) -> dict:
+        return generate(srv, prompt, max_new_tokens=32, sampling_params=dict(params))
+
+    prompts = PROMPTS[:4]
+    alone = [_ids(run(stock, p)) for p in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: run(server, p), prompts))
+    assert sum(r["meta_info"]["superinfer"]["superinfer_rotations"] for r in got) > 0
+    mismatched = [p[:30] for p, r, a in zip(prompts, got, alone) if _ids(r) != a]
+    assert not mismatched, f"{len(mismatched)} of {len(prompts)} outputs changed by rotation: {mismatched}"
