@@ -175,3 +175,19 @@ def test_rotated_requests_keep_their_penalty_state(request: pytest.FixtureReques
     assert sum(r["meta_info"]["superinfer"]["superinfer_rotations"] for r in got) > 0
     mismatched = [p[:30] for p, r, a in zip(prompts, got, alone) if _ids(r) != a]
     assert not mismatched, f"{len(mismatched)} of {len(prompts)} outputs changed by rotation: {mismatched}"
+
+
+def test_rotated_requests_return_their_logprobs(rota_server: Server, stock_sched_server: Server) -> None:
+    """Logprobs live on the request, not the batch: a rotated request returns as many input and
+    output logprobs as served alone, for the same tokens, equal up to batch numerics."""
+    extra = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    prompts = PROMPTS[:4]
+    alone = [generate(stock_sched_server, p, max_new_tokens=32, **extra)["meta_info"] for p in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: generate(rota_server, p, max_new_tokens=32, **extra), prompts))
+    assert sum(r["meta_info"]["superinfer"]["superinfer_rotations"] for r in got) > 0
+    for a, g in zip(alone, (r["meta_info"] for r in got)):
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            assert [t[1] for t in g[key]] == [t[1] for t in a[key]], key  # (logprob, token id, text)
+            assert all(abs((x[0] or 0.0) - (y[0] or 0.0)) < 1e-3 for x, y in zip(g[key], a[key])), key
+        assert len(g["output_top_logprobs"]) == len(a["output_top_logprobs"])
