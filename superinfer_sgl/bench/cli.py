@@ -109,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-growth", type=float, default=1.4, help="--capacity: grid ratio (default 1.4)")
     p.add_argument("--capacity-resolution", type=float, default=0.1,
                    help="--capacity: bisect the first crossing to this fraction of the rate (default 0.1)")
-    p.add_argument("--capacity-slo-rule", choices=sorted(SLO_RULES), default="gaps", help="--capacity: " + SLO_RULE_HELP)
+    p.add_argument("--capacity-slo-rule", choices=sorted(SLO_RULES), default="gaps",
+                   help="--capacity: " + SLO_RULE_HELP)
     p.add_argument("--dry-run", action="store_true", help="write datasets/schedules, print commands, start nothing")
     p.add_argument("--report", type=Path, metavar="DIR",
                    help="redo the statistics, table.md and plot of a finished run in DIR from its ab.json")

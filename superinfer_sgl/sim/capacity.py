@@ -179,4 +179,5 @@ def capacity_table(rows: list[dict], baseline: str = "sglang") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SLO_RULES", "SLO_RULE_HELP", "Capacity", "CapacityGrid", "capacity_table", "find_capacity", "policy_capacity"]
+__all__ = ["SLO_RULES", "SLO_RULE_HELP", "Capacity", "CapacityGrid", "capacity_table", "find_capacity",
+           "policy_capacity"]

@@ -157,8 +157,10 @@ PENALTIES = [
 ]
 
 
-@pytest.mark.parametrize("fixture,reference", [("rota_server", "stock_sched_server"),
-                                               ("rota_server_no_overlap", "stock_sched_server_no_overlap")])
+LOOPS = [("rota_server", "stock_sched_server"), ("rota_server_no_overlap", "stock_sched_server_no_overlap")]
+
+
+@pytest.mark.parametrize("fixture,reference", LOOPS)
 @pytest.mark.parametrize("params", PENALTIES, ids=lambda p: next(iter(p)))
 def test_rotated_requests_keep_their_penalty_state(request: pytest.FixtureRequest, fixture: str,
                                                    reference: str, params: dict) -> None:
