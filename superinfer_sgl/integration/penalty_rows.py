@@ -5,8 +5,8 @@ presence counts, repetition marks and the min_new_tokens count start empty when
 `prepare_for_extend` builds a batch's `SamplingBatchInfo`, and each decode step adds the last
 output token. A request that was paused and resumes (or was retracted and is recomputed) joins a
 new extend batch with outputs already produced, so its row starts as if it had none, and its next
-tokens differ from the request served alone (frequency_penalty 1.5 changed 9 of 16 greedy outputs
-under forced rotations). `restore(batch, overlap)` fills those rows as the request's own decode
+tokens differ from the request served alone (without this, 6 of the 8 penalty-and-loop cases of
+tests/e2e/test_server.py changed greedy outputs under forced rotations). `restore(batch, overlap)` fills those rows as the request's own decode
 steps would have (`counted`).
 
 Runs right after `ScheduleBatch.prepare_for_extend` (hooks.py), where SGLang has just built the
