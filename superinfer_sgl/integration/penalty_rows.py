@@ -6,8 +6,8 @@ presence counts, repetition marks and the min_new_tokens count start empty when
 output token. A request that was paused and resumes (or was retracted and is recomputed) joins a
 new extend batch with outputs already produced, so its row starts as if it had none, and its next
 tokens differ from the request served alone (without this, 6 of the 8 penalty-and-loop cases of
-tests/e2e/test_server.py changed greedy outputs under forced rotations). `restore(batch, overlap)` fills those rows as the request's own decode
-steps would have (`counted`).
+tests/e2e/test_server.py changed greedy outputs under forced rotations). `restore(batch, overlap)`
+fills those rows as the request's own decode steps would have (`counted`).
 
 Runs right after `ScheduleBatch.prepare_for_extend` (hooks.py), where SGLang has just built the
 rows, before a mixed step appends the running requests' rows (which keep theirs) and before the
