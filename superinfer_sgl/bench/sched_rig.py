@@ -185,4 +185,4 @@ def _idle_engine() -> Any:
 
     host = SimpleNamespace(bytes_per_block=1 << 20, num_blocks=1 << 20, allocator=SimpleNamespace(num_used=0))
     return SimpleNamespace(host_pool=host, rotate=refuse, free=refuse, track=refuse, untrack=lambda rid: None,
-                           bytes_eager_out=0)
+                           bytes_eager_out=0, room_blocks=lambda enough: host.num_blocks)

@@ -73,6 +73,11 @@ class EnginesByFormat:
     def copy_timer(self):  # type: ignore[no-untyped-def]
         return self.primary.copy_timer
 
+    def room_blocks(self, enough: int) -> int:
+        """The least room of any format's pool (`RotationEngine.room_blocks`): a request rotates out
+        to its class's pool, which the policy does not tell apart."""
+        return min(e.room_blocks(enough) for e in self.engines.values())
+
     def __getattr__(self, name: str) -> Any:
         """The engines' counters (bytes_out, bytes_eager_out, ...) summed."""
         if name.startswith(("bytes_", "rotations_", "prefetch", "eager_", "mirror_")):

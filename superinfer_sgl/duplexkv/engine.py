@@ -73,14 +73,8 @@ DEFAULT_MAX_PROGRAMS = 8
 class RotationEngine:
     """Rotates request KV out to host blocks and back into device slots; keeps eager mirrors."""
 
-    def __init__(
-        self,
-        device_pool: DevicePoolView,
-        host_pool: HostKVPool,
-        transfer: str = "auto",
-        max_programs: int | None = DEFAULT_MAX_PROGRAMS,
-        ring: dict[str, int] | None = None,
-    ) -> None:
+    def __init__(self, device_pool: DevicePoolView, host_pool: HostKVPool, transfer: str = "auto",
+                 max_programs: int | None = DEFAULT_MAX_PROGRAMS, ring: dict[str, int] | None = None) -> None:
         """ring: staging ring options of the ring paths (transfer.make_path); `auto` on CUDA: see below."""
         _check_compatible(device_pool, host_pool)
         if transfer not in TRANSFERS:
@@ -110,6 +104,12 @@ class RotationEngine:
         self.quiesce()
         self._path = make_path(transfer, self.device_pool, self.host_pool, self._max_programs, **self._ring)
         self.transfer = transfer
+
+    def room_blocks(self, enough: int) -> int:
+        """Host blocks rotations out may take: free ones, and (counted only under `enough`: it walks
+        every mirror) other requests' mirror blocks `_alloc` would drop."""
+        free = self.host_pool.allocator.num_free
+        return free if free >= enough else free + self.mirror.reclaimable()
 
     # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:

@@ -168,7 +168,7 @@ class RotaSchedRuntime:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
         return planner.plan_step(queue, free, self.budget, now, self.params, policy,
                                  self.sched.chunked_req is not None, bool(getattr(self.sched, "is_mixed_chunk", False)),
-                                 self.cfg.mix_prefill)
+                                 self.cfg.mix_prefill, self.engine.room_blocks(self.budget))
 
     # ---- rotate ------------------------------------------------------------------------------
     def _forced(self, live: list[Any], chosen: list[Any]) -> list[Any]:

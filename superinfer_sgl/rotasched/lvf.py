@@ -64,22 +64,27 @@ def lvf_decide(
     now: float,
     params: VltParams,
     policy: LvfPolicy = PAPER,
+    host_room_blocks: int | None = None,
 ) -> Decision:
     """Decide admissions, resumes and rotate-outs for one scheduler iteration.
 
     Guarantees: admitted+resumed blocks <= free_blocks + rotated-out blocks; resumed
-    blocks <= budget_blocks and rotated-out blocks <= budget_blocks (each direction);
+    blocks <= budget_blocks and rotated-out blocks <= min(budget_blocks, host_room_blocks);
     nobody with VLT < 0 moves in; nobody is rotated out unless an urgent request (VLT > 0 and
     not best-effort, or promoted) moves in.
 
     `views`: a flat list, or a `StepQueue` (the server's, whose pending index is kept between
-    steps: the step then reads only what the scans reach).
+    steps: the step then reads only what the scans reach). `host_room_blocks`: what the host pool
+    can still take (None: unbounded). A rotation the host pool cannot take becomes a recompute (the
+    victim's KV dropped, its whole context prefilled again), so none is chosen: under a sustained
+    overload the pool fills, and rotating anyway turned each step's rotations into recomputes.
     """
     assert free_blocks >= 0 and budget_blocks >= 0, (free_blocks, budget_blocks)
     queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
     if queue.pending.blocks_needed <= free_blocks:
         return _fcfs(list(queue.pending), budget_blocks)
-    return _contended(queue, free_blocks, budget_blocks, now, params, policy)
+    out_budget = budget_blocks if host_room_blocks is None else max(0, min(budget_blocks, host_room_blocks))
+    return _contended(queue, free_blocks, budget_blocks, out_budget, now, params, policy)
 
 
 def rank_order(views: Sequence[ReqView], now: float, params: VltParams,
@@ -124,12 +129,14 @@ def _contended(
     queue: StepQueue,
     free: int,
     budget: int,
+    out_budget: int,
     now: float,
     params: VltParams,
     policy: LvfPolicy,
 ) -> Decision:
     """Steps 2-5: head scan by rank, rotate out from the tail, shrink if the tail falls short.
-    Victims are ranked only when the head scan wants more than is free."""
+    Victims are ranked only when the head scan wants more than is free. `budget`: blocks moved
+    in; `out_budget`: blocks moved out (the budget, less where the host pool has less room)."""
     rows = policy.head_rows(queue.pending, now, params)
     if rows is None:
         heap = _rows(list(queue.pending), now, params, policy)
@@ -138,8 +145,8 @@ def _contended(
     # Memory an urgent request could ever get: what is free plus what running requests hold.
     scan = _HeadScan(_LazyOrder(rows), free, budget, free + queue.held_floor,
                      lambda: free + sum([v.blocks_held for v in queue.fresh_running()]), now, policy)
-    chosen, used, blocked = scan.run(free + budget)
-    out = _tail_scan(_victims(queue, now, params, policy), used - free, budget) if used > free else []
+    chosen, used, blocked = scan.run(free + out_budget)
+    out = _tail_scan(_victims(queue, now, params, policy), used - free, out_budget) if used > free else []
     freed = sum(v.blocks_held for v in out)
     if used > free + freed:
         # The tail could not free enough: rescan against what it did free. The rescan

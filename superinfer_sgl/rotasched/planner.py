@@ -64,7 +64,7 @@ def quantum_s(policy: str, min_stint_ms: float | None, rotation_s: float) -> flo
 
 def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blocks: int, now: float,
               params: VltParams, policy: LvfPolicy, chunked_active: bool, mixed: bool = True,
-              mix_prefill: str = "always") -> Decision:
+              mix_prefill: str = "always", host_room_blocks: int | None = None) -> Decision:
     """LVF's decision, plus the idle resume when no chunked prefill is making progress, plus the
     policy's prefill cap of this step (`prefill_cap`, then `step_cap` once the admissions are
     known). `views`: a flat list, or the server's `StepQueue` (its pending index kept between
@@ -78,12 +78,13 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     then without the TBT cap too; while requests wait, a mixed step saves the running batch a
     decode step's fixed time, throughput the queue needs (in the simulator, running those
     prefills alone too cost 5-6% of the output throughput past capacity). Resumes always ride
-    along (`mixes`)."""
+    along (`mixes`). `host_room_blocks`: blocks the host pool can still take (`lvf_decide`
+    rotates out no more)."""
     queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
     cap = policy.prefill_cap(queue.running) if mixed else None
     if cap is not None:
         policy = policy.capped(cap)
-    decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy)
+    decision = lvf_decide(queue, free_blocks, budget_blocks, now, params, policy, host_room_blocks)
     if not chunked_active:
         decision = idle_resume(decision, queue, now, params, policy)
     pending = queue.pending.views

@@ -104,6 +104,11 @@ class Simulator:
     def free_tokens(self) -> int:
         return self.capacity - self.used
 
+    @property
+    def host_free_tokens(self) -> int:
+        """Host tokens rotary requests may still take (`move_out` recomputes a request beyond them)."""
+        return max(0, self._host_cap - self.host_used)
+
     def run(self) -> Simulator:
         horizon = self.workload.duration + self.config.drain_s
         while self._done < len(self.reqs) and self.now <= horizon and not self.stats.stalled:

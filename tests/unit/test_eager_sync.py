@@ -255,6 +255,21 @@ def test_other_requests_mirrors_are_dropped_before_the_pool_is_full():
     assert engine.host_pool.allocator.num_used == 0
 
 
+def test_room_blocks_counts_free_blocks_and_mirrors_a_rotation_may_drop():
+    engine = make_engine(blocks=6)
+    assert engine.room_blocks(enough=4) == 6
+    a = new_req(engine, "a", torch.arange(0, 24))
+    a.grow(engine, 16, GEN)
+    engine.sync_full_blocks("a", a.row, a.n)  # 4 of the 6 blocks mirror a's KV
+    assert engine.room_blocks(enough=2) == 2  # enough free: the mirrors are not counted
+    assert engine.room_blocks(enough=3) == 6  # short: a's mirror blocks would be dropped for it
+    hk = engine.save(torch.arange(60, 68))  # a plain save of 2 blocks: what the room said it may
+    assert engine.room_blocks(enough=3) == 4 and engine.synced_tokens("a") == 16
+    engine.free(hk)
+    engine.untrack("a")
+    assert engine.room_blocks(enough=6) == 6
+
+
 def test_own_mirror_is_never_dropped_even_when_it_is_the_oldest():
     engine = make_engine(blocks=4)
     a, b = new_req(engine, "a", torch.arange(0, 24)), new_req(engine, "b", torch.arange(24, 48))

@@ -121,7 +121,10 @@ def test_pool_usage_counts_every_formats_pool():
     total = pools["auto"].num_blocks + pools["int4"].num_blocks
     assert store.pool_usage() == (0, total)
     eng.track_class("b", "batch")
+    room = min(pools["auto"].num_blocks, pools["int4"].num_blocks)
+    assert eng.room_blocks(enough=1) == room  # the policy's room: the fullest format's
     h = eng.rotate(out=[RotateOut("b", torch.arange(0, 9), 9)])  # int4 blocks only
     assert store.pool_usage() == (3, total)
+    assert eng.room_blocks(enough=1) == min(pools["auto"].num_blocks, pools["int4"].num_blocks - 3)
     eng.free(h.saved[0])
     assert store.pool_usage() == (0, total)

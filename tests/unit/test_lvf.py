@@ -119,6 +119,20 @@ def test_outbound_budget_limits_rotate_outs() -> None:
     assert (d.admit, d.rotate_out) == (("w",), ("mid",))
 
 
+def test_host_room_limits_rotate_outs() -> None:
+    # A rotation the host pool cannot take would become a recompute: none is chosen beyond its room.
+    views = [waiting("w", 96.0, 4), running("old", 90.0, 8), running("mid", 95.0, 5)]
+    assert lvf_decide(views, 0, 100, NOW, P).rotate_out == ("old",)
+    d = lvf_decide(views, 0, 100, NOW, P, host_room_blocks=5)  # "old" does not fit, "mid" does
+    assert (d.admit, d.rotate_out) == (("w",), ("mid",))
+    d = lvf_decide(views, 0, 100, NOW, P, host_room_blocks=4)  # nobody fits: the urgent one waits
+    assert (d.admit, d.rotate_out, d.blocked) == ((), (), "w")
+    # free memory is still used, and resumes (which free host blocks) are not limited by the room
+    views = [waiting("w", 96.0, 3), rotary("x", 97.0, 2), running("old", 90.0, 8)]
+    d = lvf_decide(views, 5, 100, NOW, P, host_room_blocks=0)
+    assert (set(d.admit) | set(d.resume), d.rotate_out) == ({"w", "x"}, ())
+
+
 def test_non_rotatable_is_never_rotated_out() -> None:
     views = [waiting("w", 96.0, 4), running("chunked", 90.0, 8, rotatable=False),
              running("r", 99.0, 4)]

@@ -36,6 +36,7 @@ def _runtime(policy: str) -> RotaSchedRuntime:
                             chunked_prefill_size=512, chunked_req=None, last_batch=None,
                             new_token_ratio_tracker=SimpleNamespace(current=0.7))
     engine = SimpleNamespace(host_pool=SimpleNamespace(allocator=SimpleNamespace(num_used=0), num_blocks=8),
+                             room_blocks=lambda enough: 1 << 20,
                              untrack=lambda rid: None)
     classes = '{"a": {"ttft_ms": 400, "tbt_ms": 50, "weight": 2}, "b": {"ttft_ms": 3000, "tbt_ms": 200}}'
     cfg = SuperInferConfig(policy=policy, rotary_block_tokens=4, min_stint_ms=300.0, slo_classes=classes)

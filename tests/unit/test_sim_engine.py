@@ -214,6 +214,18 @@ def test_lvf_uses_the_production_policy_and_rotates(monkeypatch: pytest.MonkeyPa
     assert ttft(fcfs, 1) > 2.5
 
 
+def test_lvf_rotates_out_only_what_the_host_pool_can_take() -> None:
+    # The displacement above with a host pool too small for A's KV: rotating A out would drop its
+    # KV and recompute it (a host-full fallback), so LVF leaves it running and B waits for memory.
+    wl = workload((0.0, 10, 200), (0.05, 10, 6), ttft=0.2)
+    small = replace(profile(kv_tokens=224), server=ServerLimits(224, 8192, host_kv_tokens=16))
+    sim = run(wl, policy="lvf-duplex", prof=small)
+    assert sim.reqs[0].rotations == 0 and sim.stats.host_full_fallbacks == 0 and sim.stats.retractions == 0
+    assert ttft(sim, 1) > 2.5 and all(r.phase is Phase.FINISHED for r in sim.reqs)
+    roomy = replace(small, server=ServerLimits(224, 8192, host_kv_tokens=224))
+    assert run(wl, policy="lvf-duplex", prof=roomy).reqs[0].rotations >= 1
+
+
 def test_min_stint_what_if_protects_young_running_requests() -> None:
     wl = workload((0.0, 10, 200), (0.05, 10, 6), ttft=0.2)
     sim = run(wl, policy="lvf-duplex", prof=profile(kv_tokens=224), min_stint_s=100.0)

@@ -53,7 +53,8 @@ def _runtime(ratio: float, share: float, clip: int, waiting: list[FakeReq]) -> R
     sched = SimpleNamespace(waiting_queue=waiting, tree_cache=None, max_total_num_tokens=10_000,
                             chunked_prefill_size=512, chunked_req=None, last_batch=None,
                             new_token_ratio_tracker=SimpleNamespace(current=ratio))
-    engine = SimpleNamespace(host_pool=SimpleNamespace(allocator=SimpleNamespace(num_used=0), num_blocks=8))
+    engine = SimpleNamespace(host_pool=SimpleNamespace(allocator=SimpleNamespace(num_used=0), num_blocks=8),
+                             room_blocks=lambda enough: 1 << 20)
     cfg = SuperInferConfig(rotary_block_tokens=4, running_reserve=share, min_stint_ms=0.0)
     return RotaSchedRuntime(sched, cfg, engine=engine, clip=clip)  # type: ignore[arg-type]
 

@@ -44,6 +44,8 @@ class SimState(Protocol):
     @property
     def free_tokens(self) -> int: ...
     @property
+    def host_free_tokens(self) -> int: ...  # host KV tokens rotary requests may still take
+    @property
     def new_token_ratio(self) -> float: ...
     @property
     def last_step(self) -> tuple[float, int, int, bool] | None: ...  # Simulator.last_step

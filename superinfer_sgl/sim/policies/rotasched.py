@@ -55,7 +55,7 @@ class RotaSched(Policy):
         free = free_blocks(sim.free_tokens, self._running_reserve(sim), cfg.block_tokens)
         policy = self.policy_class.for_step(lambda: self._goodput(sim))
         d = plan_step(self._queue(views), free, cfg.budget_blocks, now, cfg.vlt, policy, sim.chunked is not None,
-                      cfg.mixed_chunk, cfg.mix_prefill)
+                      cfg.mixed_chunk, cfg.mix_prefill, sim.host_free_tokens // cfg.block_tokens)
         self.last_decision = d
         by_rid = self._by_rid
         if by_rid is None:
