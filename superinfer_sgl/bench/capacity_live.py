@@ -229,6 +229,13 @@ def rereport_capacity(out_dir: Path) -> dict[str, Any]:
 MERGE_KEYS = ("profile", "workload", "slo_default", "num_requests", "capacity_grid", "pairs", "order", "class_mix")
 
 
+def _merge_value(config: dict[str, Any], key: str) -> Any:
+    """A run's `key` as the merge compares it: a grid recorded before `probes` was (2026-11-29) was
+    searched with one probe per bisection round, the live search's only setting then."""
+    value = config.get(key)
+    return {"probes": 1, **value} if key == "capacity_grid" and isinstance(value, dict) else value
+
+
 def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
     """Pool the repeats of finished capacity runs (`--report OUT --merge DIR ...`) into one report
     in out_dir: later runs' repeats are numbered after the earlier ones', so every search keeps
@@ -240,7 +247,7 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
     for d, doc in zip(run_dirs[1:], docs[1:]):
         if doc["config"].get("mode") != "capacity":
             raise ValueError(f"{d}: not a capacity run")
-        differ = [k for k in keys if doc["config"].get(k) != first.get(k)]
+        differ = [k for k in keys if _merge_value(doc["config"], k) != _merge_value(first, k)]
         if (doc["config"].get("slo_rule") or "gaps") != (first.get("slo_rule") or "gaps"):  # (runs before it: gaps)
             differ.append("slo_rule")
         if differ:

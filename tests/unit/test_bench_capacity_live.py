@@ -184,7 +184,8 @@ def test_cli_flags_and_report_render(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
-def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, rule: str | None = None) -> Path:
+def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, rule: str | None = None,
+             probes: int | None = None) -> Path:
     """A finished capacity run folder: one repeat per (stock, ours) capacity pair."""
     runs, results = [], {"sglang": [], "superinfer": []}
     for k, pair in enumerate(caps):
@@ -198,6 +199,8 @@ def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, 
            "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": len(caps)}
     if rule is not None:  # (runs before --capacity-slo-rule do not say: gaps)
         cfg["slo_rule"] = rule
+    if probes is not None:  # (runs before the grid's probes do not say: one per round)
+        cfg["capacity_grid"]["probes"] = probes
     path.mkdir()
     (path / "ab.json").write_text(json.dumps({"config": cfg, "results": results, "capacity_runs": runs, "errors": {}}))
     return path
@@ -231,6 +234,13 @@ def test_merge_pools_the_repeats_of_runs_that_measured_the_same_capacity(tmp_pat
                                                                                        rule="tpot"))]) == 2
     assert "slo_rule" in capsys.readouterr().err
     assert main(["--merge", str(a)]) == 2
+    # a run that records its probes per bisection round merges with one before they were recorded
+    # (one per round then), not with one that probed two
+    assert main(["--report", str(tmp_path / "p1"), "--merge", str(a), str(_run_dir(tmp_path / "p", [(1.0, 1.2)],
+                                                                                     probes=1))]) == 0
+    assert main(["--report", str(tmp_path / "bad3"), "--merge", str(a), str(_run_dir(tmp_path / "q", [(1.0, 1.2)],
+                                                                                       probes=2))]) == 2
+    assert "capacity_grid" in capsys.readouterr().err
 
 
 def test_compact_ab_json_keeps_request_figures_to_a_tenth_of_a_millisecond() -> None:
