@@ -20,8 +20,8 @@ from pathlib import Path
 from superinfer_sgl.sim.runner import Job, run_jobs
 from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
-# (profile, workload, rate): 1.2x, 1.5x and 2x stock SGLang's capacity at 5 s / 100 ms
-# (results/sim_capacity: GH200 13.1 req/s, H100 PCIe 3.7 on ShareGPT-like)
+# (profile, workload, rate): 1.2x, 1.5x and 2x stock SGLang's capacity at 5 s / 100 ms on GH200,
+# 1.3x and 2x on H100 PCIe (results/sim_capacity, ShareGPT-like: 13.1 and 3.7 req/s)
 POINTS = (("gh200-qwen2.5-32b", "sharegpt-like", 16.0), ("gh200-qwen2.5-32b", "sharegpt-like", 20.0),
           ("gh200-qwen2.5-32b", "sharegpt-like", 26.0), ("h100-pcie5-qwen2.5-32b", "sharegpt-like", 5.0),
           ("h100-pcie5-qwen2.5-32b", "sharegpt-like", 7.5))
