@@ -114,6 +114,17 @@ class EagerMirror:
             self.allocator.refcount(b) == 1 for rid, m in self._mirrors.items() if rid not in skip for b in m.blocks
         )
 
+    def reclaimable_up_to(self, n: int) -> int:
+        """`reclaimable()`, counted only until it reaches n (asked every step: a full walk of every
+        mirror would cost milliseconds with hundreds of running requests)."""
+        count = 0
+        for m in self._mirrors.values():
+            for b in m.blocks:
+                count += self.allocator.refcount(b) == 1
+                if count >= n:
+                    return count
+        return count
+
     def drop(self, n_blocks: int, exclude: Iterable[str] = ()) -> int:
         """Cut mirrors outside `exclude`, least recently synced first and from their ends (they stay
         prefixes), until n_blocks blocks are free again or nothing is left. Returns blocks freed."""

@@ -106,10 +106,10 @@ class RotationEngine:
         self.transfer = transfer
 
     def room_blocks(self, enough: int) -> int:
-        """Host blocks rotations out may take: free ones, and (counted only under `enough`: it walks
-        every mirror) other requests' mirror blocks `_alloc` would drop."""
+        """Host blocks rotations out may take (exact below `enough`, at least `enough` otherwise): free
+        ones, and other requests' mirror blocks `_alloc` would drop."""
         free = self.host_pool.allocator.num_free
-        return free if free >= enough else free + self.mirror.reclaimable()
+        return free if free >= enough else free + self.mirror.reclaimable_up_to(enough - free)
 
     # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:

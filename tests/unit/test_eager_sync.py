@@ -262,9 +262,11 @@ def test_room_blocks_counts_free_blocks_and_mirrors_a_rotation_may_drop():
     a.grow(engine, 16, GEN)
     engine.sync_full_blocks("a", a.row, a.n)  # 4 of the 6 blocks mirror a's KV
     assert engine.room_blocks(enough=2) == 2  # enough free: the mirrors are not counted
-    assert engine.room_blocks(enough=3) == 6  # short: a's mirror blocks would be dropped for it
+    assert engine.room_blocks(enough=3) == 3  # short: a's mirror blocks counted until there is enough
+    assert engine.room_blocks(enough=7) == 6  # exact below enough: every block free or droppable
+    assert engine.mirror.reclaimable_up_to(10) == engine.mirror.reclaimable() == 4
     hk = engine.save(torch.arange(60, 68))  # a plain save of 2 blocks: what the room said it may
-    assert engine.room_blocks(enough=3) == 4 and engine.synced_tokens("a") == 16
+    assert engine.room_blocks(enough=5) == 4 and engine.synced_tokens("a") == 16
     engine.free(hk)
     engine.untrack("a")
     assert engine.room_blocks(enough=6) == 6
