@@ -107,22 +107,17 @@ class EagerMirror:
         return len(kept)
 
     # ---- reclamation ("eager host copies of running requests are a cache")
-    def reclaimable(self, exclude: Iterable[str] = ()) -> int:
-        """Blocks that dropping every mirror outside `exclude` would free now (sole reference)."""
+    def reclaimable(self, exclude: Iterable[str] = (), up_to: int | None = None) -> int:
+        """Blocks that dropping every mirror outside `exclude` would free now (sole reference),
+        counted only until `up_to` (the policy asks every step: a full walk of every mirror costs
+        milliseconds with hundreds of running requests)."""
         skip = set(exclude)
-        return sum(
-            self.allocator.refcount(b) == 1 for rid, m in self._mirrors.items() if rid not in skip for b in m.blocks
-        )
-
-    def reclaimable_up_to(self, n: int) -> int:
-        """`reclaimable()`, counted only until it reaches n (asked every step: a full walk of every
-        mirror would cost milliseconds with hundreds of running requests)."""
+        sole = (self.allocator.refcount(b) == 1 for rid, m in self._mirrors.items() if rid not in skip for b in m.blocks)
         count = 0
-        for m in self._mirrors.values():
-            for b in m.blocks:
-                count += self.allocator.refcount(b) == 1
-                if count >= n:
-                    return count
+        for one in sole:
+            count += one
+            if up_to is not None and count >= up_to:
+                break
         return count
 
     def drop(self, n_blocks: int, exclude: Iterable[str] = ()) -> int:

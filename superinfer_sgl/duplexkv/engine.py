@@ -109,7 +109,7 @@ class RotationEngine:
         """Host blocks rotations out may take (exact below `enough`, at least `enough` otherwise): free
         ones, and other requests' mirror blocks `_alloc` would drop."""
         free = self.host_pool.allocator.num_free
-        return free if free >= enough else free + self.mirror.reclaimable_up_to(enough - free)
+        return free if free >= enough else free + self.mirror.reclaimable(up_to=enough - free)
 
     # ---- synchronous convenience API (the runtime itself uses rotate() and prefetch())
     def save(self, slots: torch.Tensor) -> HostKV:

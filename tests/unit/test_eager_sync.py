@@ -264,7 +264,7 @@ def test_room_blocks_counts_free_blocks_and_mirrors_a_rotation_may_drop():
     assert engine.room_blocks(enough=2) == 2  # enough free: the mirrors are not counted
     assert engine.room_blocks(enough=3) == 3  # short: a's mirror blocks counted until there is enough
     assert engine.room_blocks(enough=7) == 6  # exact below enough: every block free or droppable
-    assert engine.mirror.reclaimable_up_to(10) == engine.mirror.reclaimable() == 4
+    assert engine.mirror.reclaimable(up_to=10) == engine.mirror.reclaimable() == 4
     hk = engine.save(torch.arange(60, 68))  # a plain save of 2 blocks: what the room said it may
     assert engine.room_blocks(enough=5) == 4 and engine.synced_tokens("a") == 16
     engine.free(hk)
