@@ -72,6 +72,9 @@ class SuperInferConfig:
     # The goodput policy's starvation bound: a best-effort request that has waited this long is first
     # in line for memory.
     max_best_effort_wait_ms: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S * 1000.0
+    # The goodput policy's TTFT shedding (rotasched.goodput.shed): a waiting request that would
+    # make others miss their TTFT behind it, and has the most work of them, is served best-effort.
+    ttft_shedding: bool = True
     ttft_slo_ms: float = DEFAULT_SLO.ttft_ms
     tbt_slo_ms: float = DEFAULT_SLO.tbt_ms
     slo_classes: str | None = None
@@ -251,6 +254,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-best-effort-wait-ms", type=float, default=d.max_best_effort_wait_ms,
                    help="goodput policy: a request that can no longer meet its SLOs is served "
                         "best-effort, and first in line for memory once it has waited this long")
+    g.add_argument("--ttft-shedding", action=argparse.BooleanOptionalAction, default=d.ttft_shedding,
+                   help="goodput policy: when the waiting requests, earliest deadline first, cannot all "
+                        "get their first token in time, the ones with the most work (prompt, and decoding "
+                        "where the length is fixed: ignore_eos) are served best-effort, so that more of "
+                        "the others make it (Moore-Hodgson)")
     g.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms, help="default TTFT SLO (ms)")
     g.add_argument("--tbt-slo-ms", type=float, default=d.tbt_slo_ms, help="default TBT SLO (ms)")
     g.add_argument("--slo-classes", default=d.slo_classes,

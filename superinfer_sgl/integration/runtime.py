@@ -162,7 +162,8 @@ class RotaSchedRuntime:
     def _step_policy(self) -> LvfPolicy:
         """The --policy for this step, with the step costs measured so far."""
         return self.policy_class.for_step(lambda: GoodputParams(
-            self.clocks.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late))
+            self.clocks.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late,
+            self.cfg.ttft_shedding))
 
     def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)

@@ -123,7 +123,7 @@ def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rot
 def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool, sglang_ratio: float) -> ReqView:
     ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
     return rules.waiting(clk, len(req.origin_input_ids), len(req.output_ids), resident(req, restored),
-                         _left(req), ratio)
+                         _left(req), ratio, req.sampling_params.ignore_eos)
 
 
 def same_objects(a: list[Any], b: list[Any]) -> bool:

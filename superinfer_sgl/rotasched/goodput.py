@@ -14,6 +14,11 @@ scale but ranks by what a request can still gain:
   anyone), longest remaining output first, in a queue (the first that does not fit waits for
   memory, as SGLang's own FCFS queue does), and promoted ahead of everyone once it has waited
   `max_best_effort_wait_s` (the starvation bound: from then on it is first in line for memory).
+- shed: viable by itself, but not beside the viable requests ahead of it: when the deadline-first
+  walk of the viable waiting requests reaches one that would miss its TTFT behind the work
+  already kept ahead, the largest kept request (prompt plus, where its length is known, its
+  decoding's share of the device) leaves the viable tier for best-effort (`shed`: Moore and
+  Hodgson's rule, which keeps the most jobs on time on one machine).
 Within the other tiers, earliest deadline first (`rank_key`: the slack of the SLO clock that is
 ticking, stretched by the SLO class's weight); VLT still decides who is urgent, i.e. who may take
 memory that rotation frees. EDF is what LVF's order is for one SLO (the oldest request is the
@@ -38,7 +43,7 @@ import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -52,6 +57,7 @@ from superinfer_sgl.rotasched.vlt import VltParams, vlts
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 ROTATION_AMORTIZE = 20
 RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio for fixed-length requests (docs/architecture.md)
+SHED_WINDOW = 256  # viable waiting requests `shed` reads per step, deadline first: its cost is bounded
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
 
 
@@ -63,6 +69,7 @@ class GoodputParams:
     # scheduler on a CPU, where the launch is the forward itself: docs/sim.md), so a request whose
     # prefill ended last step gets its first token when this step ends (`deadline_budget`).
     emit_after_next_step: bool = False
+    ttft_shedding: bool = True  # `shed` (--ttft-shedding)
 
     def __post_init__(self) -> None:
         if not (self.max_best_effort_wait_s > 0):  # inf allowed: no promotion
@@ -115,6 +122,33 @@ def rank_key(view: ReqView, now: float, tier: int = VIABLE) -> float:
         return -float(view.outputs_left)
     s = slack(view, now)
     return s / view.weight if s >= 0 else s * view.weight
+
+
+def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | None, decode_share_s: float,
+         window: int) -> set[str]:
+    """The rids of the viable waiting requests without a first token (`views`, earliest deadline
+    first, the first `window` read) that leave the viable tier so that more of the others get their
+    first token in time. Walking them in order, each kept one adds its prompt to the prefill ahead
+    of the next and, where its outputs left are known (`ReqView.outputs_known`), its decoding's
+    share of the device (`decode_share_s` per output token: a decode step over the running batch);
+    when one would miss its deadline behind the work kept so far, the kept request with the most
+    work (itself, possibly) is dropped (Moore and Hodgson's rule). A request of unknown length
+    counts its prompt only: its `outputs_left` is only the bound max_new_tokens sets."""
+    out: set[str] = set()
+    kept: list[tuple[float, int, ReqView]] = []  # heap: the most work first, then the latest deadline
+    tokens = outputs = 0
+    for i, v in enumerate(itertools.islice(views, window)):
+        known = v.outputs_left if v.outputs_known else 0
+        tokens += v.prefill_tokens
+        outputs += known
+        heapq.heappush(kept, (-(costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known), -i, v))
+        first = now + prefill_time_s(tokens, costs, chunk) + decode_share_s * (outputs - known) + costs.decode_step_s
+        if first > v.arrival + v.ttft_slo:
+            big = heapq.heappop(kept)[2]
+            tokens -= big.prefill_tokens
+            outputs -= big.outputs_left if big.outputs_known else 0
+            out.add(big.rid)
+    return out
 
 
 def tier(view: ReqView, now: float, gp: GoodputParams, chunk: int | None = None) -> int:
@@ -198,6 +232,7 @@ class GoodputLvf:
 
     params: GoodputParams
     chunk: int | None = None
+    decode_share_s: float = 0.0  # `shed`'s, set by `batched`
 
     name: ClassVar[str] = "goodput"
     queues_best_effort: ClassVar[bool] = True  # longest-output-first: the largest would starve
@@ -217,9 +252,15 @@ class GoodputLvf:
         return cls(measured())
 
     def rank(self, views: Sequence[ReqView], lags: Sequence[float], now: float) -> Ranks:
-        """By tier, then earliest deadline first (best-effort: longest output left first)."""
+        """By tier, then earliest deadline first (best-effort: longest output left first); the
+        viable waiting requests `shed` drops are best-effort."""
         params, chunk = self.params, self.chunk
         tiers = [tier(v, now, params, chunk) for v in views]
+        if params.ttft_shedding:
+            fresh = sorted((rank_key(v, now), v.arrival, v.rid, v) for v, t in zip(views, tiers)
+                           if t == VIABLE and v.last_token is None)
+            dropped = shed((row[3] for row in fresh), now, params.costs, chunk, self.decode_share_s, SHED_WINDOW)
+            tiers = [BEST_EFFORT if v.rid in dropped else t for v, t in zip(views, tiers)]
         return tiers, [rank_key(v, now, t) for v, t in zip(views, tiers)]
 
     def defers(self, view: ReqView, now: float, ahead_tokens: int) -> bool:
@@ -281,11 +322,38 @@ class GoodputLvf:
                 promoted.append(row(view, PROMOTED))
         promoted.sort()
         yield from promoted
-        yield from heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
+        order = heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
+        if params.ttft_shedding:
+            order = self._shed(order, tiers, now)
+        yield from order
         for _, _, rid in book.by_outputs:
             view = views[rid]
             if tier_of(view) == BEST_EFFORT:
                 yield row(view, BEST_EFFORT)
+
+    def _shed(self, viable: Iterator[Row], tiers: dict[str, int], now: float) -> Iterator[Row]:
+        """The viable rows less those `shed` drops (filed best-effort in `tiers`, where the
+        best-effort walk finds them): read as far as `shed`'s window of requests without a first
+        token, the rest passed on as they come."""
+        held: list[Row] = []
+        fresh: list[ReqView] = []
+        for row in viable:
+            held.append(row)
+            if row[4].last_token is None:
+                fresh.append(row[4])
+                if len(fresh) == SHED_WINDOW:
+                    break
+        dropped = shed(fresh, now, self.params.costs, self.chunk, self.decode_share_s, SHED_WINDOW)
+        for rid in dropped:
+            tiers[rid] = BEST_EFFORT
+        yield from (row for row in held if row[3] not in dropped)
+        yield from viable
+
+    def batched(self, running: list[ReqView]) -> GoodputLvf:
+        """`shed`'s decode share for a running batch of `running`: a decode step's time over its
+        requests, each output token's share of the device."""
+        share = self.params.costs.decode_step_s / max(1, len(running))
+        return dataclasses.replace(self, decode_share_s=share) if self.params.ttft_shedding else self
 
     def prefill_cap(self, views: list[ReqView]) -> int | None:
         return prefill_cap(views, self.params.costs)

@@ -81,6 +81,7 @@ def plan_step(views: Sequence[ReqView] | StepQueue, free_blocks: int, budget_blo
     along (`mixes`). `host_room_blocks`: blocks the host pool can still take (`lvf_decide`
     rotates out no more)."""
     queue = views if isinstance(views, StepQueue) else StepQueue.of(views)
+    policy = policy.batched(queue.running)
     cap = policy.prefill_cap(queue.running) if mixed else None
     if cap is not None:
         policy = policy.capped(cap)

@@ -77,6 +77,10 @@ class LvfPolicy(Protocol):
         -stint length), tail first; `views`: every running request of the step."""
         ...
 
+    def batched(self, running: list[ReqView]) -> LvfPolicy:
+        """This policy for a step whose running batch is `running`."""
+        ...
+
     def prefill_cap(self, views: list[ReqView]) -> int | None:
         """Prefill tokens this step may carry whoever is admitted (`views`: the running ones);
         None: no cap."""
@@ -175,6 +179,9 @@ class PaperLvf:
         rows = sorted(((-lag, v.arrival, v.rid, v) for v, lag in zip(movable, stints) if lag < 0),
                       reverse=True)
         return [row[3] for row in rows]
+
+    def batched(self, running: list[ReqView]) -> PaperLvf:
+        return self
 
     def prefill_cap(self, views: list[ReqView]) -> int | None:
         return None

@@ -51,6 +51,9 @@ class ReqView:
     # Outputs it may still produce (max_new_tokens less those produced), clipped as SGLang clips
     # its decode reserve (4096): past that a server cannot tell long from unbounded.
     outputs_left: int = 0
+    # `outputs_left` is exact (a fixed-length, ignore_eos request), not an upper bound: what the
+    # goodput policy's TTFT shedding may count as the request's decode work (goodput.shed).
+    outputs_known: bool = False
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class ReqView:
         ttft_met: bool | None = None,
         weight: float = 1.0,
         outputs_left: int = 0,
+        outputs_known: bool = False,
     ) -> None:
         # Slot descriptors' setters (bound below the class): frozen stays frozen for others.
         _set_rid(self, rid)
@@ -86,6 +90,7 @@ class ReqView:
         _set_ttft_met(self, ttft_met)
         _set_weight(self, weight)
         _set_outputs_left(self, outputs_left)
+        _set_outputs_known(self, outputs_known)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -120,5 +125,5 @@ _set_blocks_needed, _set_blocks_held = _setters["blocks_needed"], _setters["bloc
 _set_rotatable, _set_prefill_tokens = _setters["rotatable"], _setters["prefill_tokens"]
 _set_misses_left, _set_ttft_met, _set_weight = (_setters["misses_left"], _setters["ttft_met"],
                                                 _setters["weight"])
-_set_outputs_left = _setters["outputs_left"]
-assert len(_setters) == 15, "a new ReqView field must be set in ReqView.__init__"
+_set_outputs_left, _set_outputs_known = _setters["outputs_left"], _setters["outputs_known"]
+assert len(_setters) == 16, "a new ReqView field must be set in ReqView.__init__"

@@ -71,18 +71,18 @@ def free_blocks(free_tokens: float, reserved_tokens: float, block_tokens: int) -
 
 
 def view(clk: ReqClock, state: ReqState, need: int, held: int, rotatable: bool, prefill_tokens: int,
-         outputs_left: int, clip: int = CLIP_MAX_NEW_TOKENS) -> ReqView:
+         outputs_left: int, clip: int = CLIP_MAX_NEW_TOKENS, fixed: bool = False) -> ReqView:
     """One request's view: its clock's times and SLO, the blocks it needs or holds, and what the
     goodput policy reads (gaps it may still miss from `outputs_left`, TTFT met, class weight,
     outputs left clipped as the reserve is: past the clip a server cannot tell long from
-    unbounded)."""
+    unbounded; `fixed`: it ignores EOS, so its outputs left are known, clipped or not)."""
     left = outputs_left if outputs_left > 0 else 0
     slo = clk.slo
     # Positional, in ReqView's field order: keywords cost ~0.4 us per view.
     return ReqView(clk.rid, state, clk.arrival, clk.last_token, clk.run_start if state is _RUNNING else None,
                    slo.ttft_ms / 1000.0, slo.tbt_ms / 1000.0, need, held, rotatable,
                    prefill_tokens if prefill_tokens > 0 else 0, clk.misses_left(left), clk.ttft_met,
-                   slo.weight, left if left < clip else clip)
+                   slo.weight, left if left < clip else clip, fixed and left <= clip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +110,12 @@ class ViewRules:
         return view(clk, _RUNNING, 0, held, rotatable, 0, outputs_left, self.clip)
 
     def waiting(self, clk: ReqClock, prompt: int, outputs: int, resident: int, outputs_left: int,
-                ratio: float) -> ReqView:
-        """A waiting request, `resident` tokens of it already on the device (a restored prefix)."""
+                ratio: float, fixed: bool = False) -> ReqView:
+        """A waiting request, `resident` tokens of it already on the device (a restored prefix);
+        `fixed`: it ignores EOS (its outputs left are exact)."""
         need = blocks(waiting_need(prompt, outputs, resident, outputs_left, ratio, self.clip), self.block_tokens)
-        return view(clk, _WAITING, need, 0, True, extend_tokens(prompt, outputs, resident), outputs_left, self.clip)
+        return view(clk, _WAITING, need, 0, True, extend_tokens(prompt, outputs, resident), outputs_left, self.clip,
+                    fixed)
 
     def rotary(self, clk: ReqClock, host_tokens: int, outputs_left: int, ratio: float) -> ReqView:
         """A rotary request, `host_tokens` of its KV on host."""

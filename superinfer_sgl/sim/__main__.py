@@ -151,6 +151,8 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                           "paper's rule, for the lvf-* policies; the server's default for goodput and paper)")
     p.add_argument("--max-best-effort-wait-s", type=float, default=SimConfig.max_best_effort_wait_s,
                    help="goodput policy: starvation bound (the server's --max-best-effort-wait-ms)")
+    p.add_argument("--ttft-shedding", action=argparse.BooleanOptionalAction, default=SimConfig.ttft_shedding,
+                   help="goodput policy: the server's --ttft-shedding")
     p.add_argument("--step-jitter", type=float, default=0.0,
                    help="spread of single steps (coefficient of variation; the CPU server's: ~0.15)")
     p.add_argument("--profile-costs", action="store_true",
@@ -169,7 +171,8 @@ def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
                None if a.tbt_slo_ms is None else a.tbt_slo_ms / 1000.0,
                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
-               measured_costs=not a.profile_costs, running_reserve=a.running_reserve, mix_prefill=a.mix_prefill)
+               measured_costs=not a.profile_costs, running_reserve=a.running_reserve, mix_prefill=a.mix_prefill,
+               ttft_shedding=a.ttft_shedding)
 
 
 def _capacity(a: argparse.Namespace) -> None:

@@ -99,6 +99,7 @@ class Job:
     measured_costs: bool = SimConfig.measured_costs  # the server's meter; False: the profile's costs
     running_reserve: float | None = None  # SimConfig.running_reserve (None: the policy's)
     mix_prefill: str = SimConfig.mix_prefill  # SimConfig.mix_prefill
+    ttft_shedding: bool = SimConfig.ttft_shedding  # SimConfig.ttft_shedding
     tags: dict = field(default_factory=dict)
 
     def config(self) -> SimConfig:
@@ -108,7 +109,7 @@ class Job:
                          max_best_effort_wait_s=self.max_best_effort_wait_s,
                          step_jitter=self.step_jitter, jitter_seed=self.seed,
                          measured_costs=self.measured_costs, running_reserve=self.running_reserve,
-                         mix_prefill=self.mix_prefill)
+                         mix_prefill=self.mix_prefill, ttft_shedding=self.ttft_shedding)
 
     def stint_s(self) -> float | None:
         """The quantum: as given; else None (the server's default) for our server's policies,

@@ -45,6 +45,8 @@ class SimConfig:
     running_reserve: float | None = None
     # The goodput policy's starvation bound (the server's --max-best-effort-wait-ms).
     max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0
+    # The goodput policy's TTFT shedding (the server's --ttft-shedding).
+    ttft_shedding: bool = SuperInferConfig().ttft_shedding
 
     def __post_init__(self) -> None:
         assert self.budget_blocks >= 0 and self.block_tokens >= 1 and self.drain_s > 0, self

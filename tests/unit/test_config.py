@@ -192,7 +192,8 @@ def test_cli_flags_are_in_their_own_group() -> None:
         "--vlt-beta-ttft", "--vlt-beta-tbt", "--min-stint-ms", "--running-reserve", "--rotation-budget-blocks", "--rotary-block-tokens",
         "--rotary-pool-gb", "--rotary-kv-dtype", "--kv-transfer", "--eager-sync", "--no-eager-sync", "--prefetch",
         "--no-prefetch",
-        "--mixed-resume", "--no-mixed-resume", "--mix-prefill", "--policy", "--max-best-effort-wait-ms", "--prefix-cache",
+        "--mixed-resume", "--no-mixed-resume", "--mix-prefill", "--policy", "--max-best-effort-wait-ms",
+        "--ttft-shedding", "--no-ttft-shedding", "--prefix-cache",
         "--prefix-host-tokens",
         "--decode-shortage",
     }

@@ -4,6 +4,7 @@ gap budget, the cost meter and the shared planner's admission order."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given, settings
@@ -498,3 +499,40 @@ def test_the_step_cap_only_ever_lowers_and_keeps_the_floor(views: list[ReqView],
         assert tbt_cap is None or d.prefill_cap <= tbt_cap
     else:
         assert tbt_cap is None
+
+
+def _fixed(rid: str, waited: float, tokens: int, outputs: int, ttft: float = 5.0) -> ReqView:
+    return ReqView(rid, W, NOW - waited, None, None, ttft, 0.1, 10, 0, True, tokens, outputs_left=outputs,
+                   outputs_known=True)
+
+
+def test_shedding_drops_the_request_with_the_most_work_so_the_others_make_it() -> None:
+    from superinfer_sgl.rotasched.goodput import shed
+    # Deadline order a, big, b, c (1 ms per prompt token, 20 ms steps). Behind a and big, b's first
+    # token would come 0.1 + 1.3 + 0.1 + 0.02 s from now, past its 1.51 s left: the largest kept
+    # (big) goes, and a, b and c all make it. Without shedding b alone misses (the planner's
+    # `defers` moves it behind everyone).
+    a, big = waiting("a", 4.0, tokens=100), waiting("big", 3.5, tokens=1300)
+    b, c = waiting("b", 3.49, tokens=100), waiting("c", 3.4, tokens=100)
+    assert shed([a, big, b, c], NOW, COSTS, None, 0.0, 256) == {"big"}
+    assert shed([a, big, b, c], NOW, COSTS, None, 0.0, 2) == set()  # only the window is read
+    # Room for three of the four: shedding admits the three that make their TTFT; without it, a,
+    # big and c (b deferred).
+    views = [a, big, b, c, running("r", 1.0)]
+    assert lvf_decide(views, 30, 0, NOW, P, GoodputLvf(GP)).admit == ("a", "b", "c")
+    off = GoodputLvf(dataclasses.replace(GP, ttft_shedding=False))
+    assert lvf_decide(views, 30, 0, NOW, P, off).admit == ("a", "big", "c")
+
+
+def test_shedding_counts_decoding_only_where_the_length_is_known() -> None:
+    from superinfer_sgl.rotasched.goodput import shed
+    # 10 ms of device per output token (a 20 ms step over two running requests). Ahead of d,
+    # long's 300 outputs cost 3 s when they are known: long goes; open-ended (ignore_eos off: its
+    # outputs_left is only max_new_tokens' bound) it counts as its 100-token prompt, and stays.
+    long_, d = _fixed("long", 3.0, 100, 300), _fixed("d", 2.0, 100, 10, ttft=4.0)
+    assert shed([long_, d], NOW, COSTS, None, 0.01, 256) == {"long"}
+    assert shed([dataclasses.replace(long_, outputs_known=False), d], NOW, COSTS, None, 0.01, 256) == set()
+    # the share is the step's decode time over the running batch (planner.plan_step asks `batched`)
+    policy = GoodputLvf(GP).batched([running("r", 1.0), running("s", 1.0)])
+    assert policy.decode_share_s == COSTS.decode_step_s / 2
+    assert GoodputLvf(dataclasses.replace(GP, ttft_shedding=False)).batched([]).decode_share_s == 0.0

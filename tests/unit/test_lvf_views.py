@@ -39,6 +39,7 @@ def test_init_signature_is_the_dataclass_one() -> None:
         ttft_met: bool | None = None
         weight: float = 1.0
         outputs_left: int = 0
+        outputs_known: bool = False
 
     ours = inspect.signature(ReqView.__init__).parameters
     theirs = inspect.signature(Generated.__init__).parameters

@@ -4,10 +4,12 @@ before (every tier, key and tie), and an index updated view by view decides as o
 
 from __future__ import annotations
 
+from unittest import mock
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, lvf
+from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, goodput, lvf
 from superinfer_sgl.rotasched.goodput import GoodputLvf, GoodputParams, StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
 from superinfer_sgl.rotasched.policy import PAPER
@@ -31,7 +33,8 @@ def _view(draw: st.DrawFn, i: int) -> ReqView:
         prefill_tokens=0 if running else draw(st.integers(0, 4000)),
         misses_left=draw(st.integers(-2, 5)), ttft_met=None if last is None else draw(st.booleans()),
         # equal deadlines across requests make equal keys: ties must still go by (arrival, rid)
-        weight=draw(st.sampled_from([1.0, 2.0, 0.5])), outputs_left=draw(st.integers(0, 5)),
+        weight=draw(st.sampled_from([1.0, 2.0, 0.5])), outputs_left=draw(st.sampled_from([0, 1, 5, 300])),
+        outputs_known=draw(st.booleans()),
     )
 
 
@@ -40,19 +43,42 @@ def _views(draw: st.DrawFn) -> list[ReqView]:
     return [draw(_view(i)) for i in range(draw(st.integers(0, 40)))]
 
 
+@st.composite
+def _crowded(draw: st.DrawFn) -> list[ReqView]:
+    """A queue of fresh arrivals that cannot all make their TTFT: what `shed` drops from."""
+    def fresh(i: int) -> ReqView:
+        return ReqView(f"f{i:03d}", ReqState.WAITING, NOW - draw(st.integers(0, 3_000)) / 1000, None, None,
+                       draw(st.sampled_from([1.0, 5.0])), 0.1, draw(st.integers(0, 30)), 0,
+                       prefill_tokens=draw(st.integers(0, 3000)), weight=draw(st.sampled_from([1.0, 2.0])),
+                       outputs_left=draw(st.sampled_from([0, 5, 300])), outputs_known=draw(st.booleans()))
+    return draw(_views()) + [fresh(i) for i in range(draw(st.integers(0, 30)))]
+
+
 _costs = st.builds(StepCosts, st.sampled_from([0.0, 1e-4, 2e-3]), st.sampled_from([0.0, 0.01]),
                    st.sampled_from([0.0, 0.03]), st.just(0.001), st.sampled_from([0.0, 0.2]))
-_policy = st.builds(GoodputLvf, st.builds(GoodputParams, _costs, st.sampled_from([1.0, 20.0, 60.0, float("inf")])),
-                    st.sampled_from([None, 64, 512]))
+_policy = st.builds(GoodputLvf, st.builds(GoodputParams, _costs, st.sampled_from([1.0, 20.0, 60.0, float("inf")]),
+                                         st.just(False), st.booleans()),
+                    st.sampled_from([None, 64, 512]), st.sampled_from([0.0, 1e-3, 0.02]))
 _vlt = st.builds(VltParams, st.sampled_from([1.0, 3.0]), st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 1.0]))
 
 
 @settings(max_examples=400, deadline=None)
-@given(_views(), _policy, _vlt, st.sampled_from([NOW, NOW + 7.5, NOW + 120.0]))
+@given(st.one_of(_views(), _crowded()), _policy, _vlt, st.sampled_from([NOW, NOW + 0.5, NOW + 7.5, NOW + 120.0]))
 def test_lazy_order_is_the_full_sort(views: list[ReqView], policy: GoodputLvf, vlt: VltParams, now: float) -> None:
     pending = [v for v in views if v.state is not ReqState.RUNNING]
     rows = list(policy.head_rows(PendingIndex(pending), now, vlt))
     assert rows == sorted(lvf._rows(pending, now, vlt, policy))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_crowded(), _policy, _vlt, st.sampled_from([NOW, NOW + 0.5]))
+def test_lazy_order_is_the_full_sort_past_the_shedding_window(views: list[ReqView], policy: GoodputLvf,
+                                                              vlt: VltParams, now: float) -> None:
+    # (`shed` reads SHED_WINDOW requests; the walk must stop where the full sort stops)
+    pending = [v for v in views if v.state is not ReqState.RUNNING]
+    with mock.patch.object(goodput, "SHED_WINDOW", 3):
+        rows = list(policy.head_rows(PendingIndex(pending), now, vlt))
+        assert rows == sorted(lvf._rows(pending, now, vlt, policy))
 
 
 @settings(max_examples=300, deadline=None)

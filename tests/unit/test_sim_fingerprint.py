@@ -35,7 +35,7 @@ PINNED = {
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",
     "h100/lvf-duplex/8/budget-300-beta1": "18401e64fdb9746c15dc8533bdaccfc2f7171b3648cf5165be9629fe6831bffd",
     "h100/lvf-duplex/8/paper-rule": "eb287a3dcc9b2ea3f7b0cbe9a104892119f39d5e4b9008eb121ea16f2c8b98ff",
-    "h100-pcie5-qwen2.5-32b/goodput/8": "61eb358e7c28c1376b0dd14e3592b129af1573189d2fe8714526b15fea26796e",
+    "h100-pcie5-qwen2.5-32b/goodput/8": "a2caa89a4de279a1d689c05d504b2fddab31c2cb4ba01b25b635b49685dd7ff8",
     "gh200-qwen2.5-32b/goodput/15": "2483ac32fec319b306f4a82496cdda885d046213160994ca3799ec3565c6e46f",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
 }

@@ -77,8 +77,8 @@ def test_server_adapter_reads_the_numbers(ignore_eos: bool) -> None:
     r = 1.0 if ignore_eos else ratio
     assert list(views) == [
         rules.running(c["run"], 25, 195, share if ignore_eos else ratio, False),  # mid-stint: not rotatable yet
-        rules.waiting(c["wait"], 30, 0, 0, 50, r),
-        rules.waiting(c["back"], 12, 4, 15, 36, r),  # everything but the last output token is resident
+        rules.waiting(c["wait"], 30, 0, 0, 50, r, ignore_eos),
+        rules.waiting(c["back"], 12, 4, 15, 36, r, ignore_eos),  # everything but the last output token is resident
         rules.rotary(c["rot"], 21, 294, r),
     ]
     assert rt.prefetcher.rules == rt.rules == rules  # prefetch room counts by the same rules
@@ -124,7 +124,8 @@ def test_sim_adapter_reads_the_numbers(policy: str, ignore_eos: bool) -> None:
                     assert v.blocks_held == want.blocks_held and v.run_start == want.run_start
                     continue
             elif v.state is ReqState.WAITING:
-                want = rules.waiting(r.clock, r.spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio)
+                want = rules.waiting(r.clock, r.spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio, ignore_eos)
+                assert v.outputs_known is ignore_eos
             else:
                 assert r.phase is Phase.ROTARY
                 want = rules.rotary(r.clock, r.host, r.remaining, ratio)

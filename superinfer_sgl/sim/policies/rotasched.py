@@ -79,13 +79,13 @@ class RotaSched(Policy):
         (what a server would measure at best)."""
         step, emit = sim.profile.step, sim.profile.server.emit_after_next_step
         if sim.config.measured_costs:
-            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s, emit)
+            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding)
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
         # decode already holds the step's fixed time (base_s): a prefill adds only its own
         costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s,
                           sim.config.step_jitter)
-        return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit)
+        return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding)
 
     def _measured(self, sim: SimState) -> StepCosts:
         """The server's meter, fed each simulated iteration once, as the server's `Clocks.measure_last_step`
@@ -130,7 +130,7 @@ class RotaSched(Policy):
         running request, once rotatable, stays rotatable until it moves (its outputs and the
         iteration only grow, its prefill iteration and stint start are fixed)."""
         rules = self.rules(sim)
-        bt, it, ratio = rules.block_tokens, sim.iteration, sim.new_token_ratio
+        bt, it, ratio, fixed = rules.block_tokens, sim.iteration, sim.new_token_ratio, sim.config.ignore_eos
         run_ratio = self.running_ratio(sim)
         exact = ratio == 1.0 and self._short_outputs(sim)
         exact_running = exact and run_ratio == 1.0
@@ -158,13 +158,13 @@ class RotaSched(Policy):
         if exact:
             for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
                 v = r.view
-                add(v if v is not None else _waiting_view(rules, r, ratio))
+                add(v if v is not None else _waiting_view(rules, r, ratio, fixed))
             for r in sim.rotary.values():
                 v = r.view
                 add(v if v is not None else _rotary_view(rules, r, ratio))
         else:
             for r in sim.waiting:
-                add(_waiting_view(rules, r, ratio))
+                add(_waiting_view(rules, r, ratio, fixed))
             for r in sim.rotary.values():
                 add(_rotary_view(rules, r, ratio))
         return views
@@ -195,13 +195,13 @@ def _reserve(r: SimReq, ratio: float) -> float:
     return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
 
 
-def _waiting_view(rules: ViewRules, r: SimReq, ratio: float) -> ReqView:
+def _waiting_view(rules: ViewRules, r: SimReq, ratio: float, fixed: bool) -> ReqView:
     """A waiting request's view, `kv` its resident tokens (a restored prefix or a shared one);
     the cached one while its need is unchanged."""
     spec, v = r.spec, r.view
     if v is None or v.blocks_needed != blocks(waiting_need(spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio),
                                               rules.block_tokens):
-        v = r.view = rules.waiting(r.clock, spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio)
+        v = r.view = rules.waiting(r.clock, spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio, fixed)
     return v
 
 
