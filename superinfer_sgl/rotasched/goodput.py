@@ -43,7 +43,7 @@ import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -51,13 +51,20 @@ from superinfer_sgl.rotasched.costs import StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
-from superinfer_sgl.rotasched.step_size import JITTER_Z, MIN_PREFILL_CHUNK, mix_needed, prefill_cap, protected
+from superinfer_sgl.rotasched.shedding import SHED_WINDOW, shed
+from superinfer_sgl.rotasched.step_size import (  # noqa: F401 (prefill_time_s: named here too)
+    JITTER_Z,
+    MIN_PREFILL_CHUNK,
+    mix_needed,
+    prefill_cap,
+    prefill_time_s,
+    protected,
+)
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 ROTATION_AMORTIZE = 20
 RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio for fixed-length requests (docs/architecture.md)
-SHED_WINDOW = 256  # viable waiting requests `shed` reads per step, deadline first: its cost is bounded
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
 
 
@@ -79,15 +86,6 @@ class GoodputParams:
 def lost(view: ReqView) -> bool:
     """It can no longer meet both SLOs, whatever is scheduled (TTFT missed, or TBT lost)."""
     return view.ttft_met is False or view.misses_left < 0
-
-
-def prefill_time_s(tokens: int, costs: StepCosts, chunk: int | None) -> float:
-    """Time to prefill `tokens` prompt tokens: one step, or with this step's prefill cap `chunk`
-    one capped step per `chunk` tokens, each riding a decode step of the running batch (mixed
-    chunk). Counting a capped prefill as one step would admit requests that then miss their TTFT
-    anyway."""
-    steps = 1 if chunk is None or chunk <= 0 else max(1, math.ceil(tokens / chunk))
-    return steps * costs.prefill_base_s + (steps - 1) * costs.decode_step_s + costs.prefill_s_per_token * tokens
 
 
 def ttft_reachable(view: ReqView, now: float, ahead_tokens: int, costs: StepCosts,
@@ -122,33 +120,6 @@ def rank_key(view: ReqView, now: float, tier: int = VIABLE) -> float:
         return -float(view.outputs_left)
     s = slack(view, now)
     return s / view.weight if s >= 0 else s * view.weight
-
-
-def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | None, decode_share_s: float,
-         window: int) -> set[str]:
-    """The rids of the viable waiting requests without a first token (`views`, earliest deadline
-    first, the first `window` read) that leave the viable tier so that more of the others get their
-    first token in time. Walking them in order, each kept one adds its prompt to the prefill ahead
-    of the next and, where its outputs left are known (`ReqView.outputs_known`), its decoding's
-    share of the device (`decode_share_s` per output token: a decode step over the running batch);
-    when one would miss its deadline behind the work kept so far, the kept request with the most
-    work (itself, possibly) is dropped (Moore and Hodgson's rule). A request of unknown length
-    counts its prompt only: its `outputs_left` is only the bound max_new_tokens sets."""
-    out: set[str] = set()
-    kept: list[tuple[float, int, ReqView]] = []  # heap: the most work first, then the latest deadline
-    tokens = outputs = 0
-    for i, v in enumerate(itertools.islice(views, window)):
-        known = v.outputs_left if v.outputs_known else 0
-        tokens += v.prefill_tokens
-        outputs += known
-        heapq.heappush(kept, (-(costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known), -i, v))
-        first = now + prefill_time_s(tokens, costs, chunk) + decode_share_s * (outputs - known) + costs.decode_step_s
-        if first > v.arrival + v.ttft_slo:
-            big = heapq.heappop(kept)[2]
-            tokens -= big.prefill_tokens
-            outputs -= big.outputs_left if big.outputs_known else 0
-            out.add(big.rid)
-    return out
 
 
 def tier(view: ReqView, now: float, gp: GoodputParams, chunk: int | None = None) -> int:
@@ -313,6 +284,9 @@ class GoodputLvf:
                 if started or tier_of(view) == VIABLE:
                     yield row(view, VIABLE)
 
+        if params.ttft_shedding:
+            for rid in self._shed(book, views, now):
+                tiers[rid] = BEST_EFFORT  # where the best-effort walk finds it, and `viable` skips it
         promoted = []
         for since, _, rid in book.by_since:
             if not now - since >= params.max_best_effort_wait_s:
@@ -322,32 +296,32 @@ class GoodputLvf:
                 promoted.append(row(view, PROMOTED))
         promoted.sort()
         yield from promoted
-        order = heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
-        if params.ttft_shedding:
-            order = self._shed(order, tiers, now)
-        yield from order
+        yield from heapq.merge(*(sorted_runs(viable(rows, started)) for (_, started), rows in book.deadlines.items()))
         for _, _, rid in book.by_outputs:
             view = views[rid]
             if tier_of(view) == BEST_EFFORT:
                 yield row(view, BEST_EFFORT)
 
-    def _shed(self, viable: Iterator[Row], tiers: dict[str, int], now: float) -> Iterator[Row]:
-        """The viable rows less those `shed` drops (filed best-effort in `tiers`, where the
-        best-effort walk finds them): read as far as `shed`'s window of requests without a first
-        token, the rest passed on as they come."""
-        held: list[Row] = []
+    def _shed(self, book: GoodputBook, views: dict[str, ReqView], now: float) -> set[str]:
+        """`shed` over the viable requests without a first token in `rank`'s order, read off the
+        book's deadline lists as far as the window (keys only: no rows are built for them; viable
+        is `tier`'s test for them, inlined)."""
+        costs, chunk = self.params.costs, self.chunk
+
+        def keyed(rows: list[tuple[float, float, str]], weight: float) -> Iterator[tuple[int, float, float, str]]:
+            # rank_key of a request not yet started, its deadline not passed
+            for d, a, rid in itertools.islice(rows, bisect.bisect_left(rows, (now,)), None):
+                yield VIABLE, (d - now) / weight, a, rid
+
+        runs = [sorted_runs(keyed(rows, weight)) for (weight, started), rows in book.deadlines.items() if not started]
         fresh: list[ReqView] = []
-        for row in viable:
-            held.append(row)
-            if row[4].last_token is None:
-                fresh.append(row[4])
+        for _, _, _, rid in heapq.merge(*runs) if len(runs) > 1 else runs[0] if runs else ():
+            view = views[rid]
+            if ttft_reachable(view, now, 0, costs, chunk):
+                fresh.append(view)
                 if len(fresh) == SHED_WINDOW:
                     break
-        dropped = shed(fresh, now, self.params.costs, self.chunk, self.decode_share_s, SHED_WINDOW)
-        for rid in dropped:
-            tiers[rid] = BEST_EFFORT
-        yield from (row for row in held if row[3] not in dropped)
-        yield from viable
+        return shed(fresh, now, costs, chunk, self.decode_share_s, SHED_WINDOW)
 
     def batched(self, running: list[ReqView]) -> GoodputLvf:
         """`shed`'s decode share for a running batch of `running`: a decode step's time over its

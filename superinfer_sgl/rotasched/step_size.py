@@ -11,6 +11,8 @@ functions of the running views and the measured step costs.
 
 from __future__ import annotations
 
+import math
+
 from superinfer_sgl.rotasched.costs import MIN_PREFILL_TOKENS, StepCosts
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 
@@ -23,6 +25,15 @@ CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO 
 JITTER_Z = 1.28  # ... or lower, so that ~90% of steps stay within it given the steps' measured spread
 SPARE_MISSES = 1  # ... for requests with at most this many gaps left to miss
 _RUNNING = ReqState.RUNNING
+
+
+def prefill_time_s(tokens: int, costs: StepCosts, chunk: int | None) -> float:
+    """Time to prefill `tokens` prompt tokens: one step, or with this step's prefill cap `chunk`
+    one capped step per `chunk` tokens, each riding a decode step of the running batch (mixed
+    chunk). Counting a capped prefill as one step would admit requests that then miss their TTFT
+    anyway."""
+    steps = 1 if chunk is None or chunk <= 0 else max(1, math.ceil(tokens / chunk))
+    return steps * costs.prefill_base_s + (steps - 1) * costs.decode_step_s + costs.prefill_s_per_token * tokens
 
 
 def protected(views: list[ReqView], costs: StepCosts) -> list[ReqView]:

@@ -507,7 +507,7 @@ def _fixed(rid: str, waited: float, tokens: int, outputs: int, ttft: float = 5.0
 
 
 def test_shedding_drops_the_request_with_the_most_work_so_the_others_make_it() -> None:
-    from superinfer_sgl.rotasched.goodput import shed
+    from superinfer_sgl.rotasched.shedding import shed
     # Deadline order a, big, b, c (1 ms per prompt token, 20 ms steps). Behind a and big, b's first
     # token would come 0.1 + 1.3 + 0.1 + 0.02 s from now, past its 1.51 s left: the largest kept
     # (big) goes, and a, b and c all make it. Without shedding b alone misses (the planner's
@@ -525,7 +525,7 @@ def test_shedding_drops_the_request_with_the_most_work_so_the_others_make_it() -
 
 
 def test_shedding_counts_decoding_only_where_the_length_is_known() -> None:
-    from superinfer_sgl.rotasched.goodput import shed
+    from superinfer_sgl.rotasched.shedding import shed
     # 10 ms of device per output token (a 20 ms step over two running requests). Ahead of d,
     # long's 300 outputs cost 3 s when they are known: long goes; open-ended (ignore_eos off: its
     # outputs_left is only max_new_tokens' bound) it counts as its 100-token prompt, and stays.
