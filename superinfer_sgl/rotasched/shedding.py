@@ -32,16 +32,18 @@ def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | No
     of the next and, where its outputs left are known (`ReqView.outputs_known`), its decoding's
     share of the device (`decode_share_s` per output token: a decode step over the running batch);
     when one would miss its deadline behind the work kept so far, the kept request with the most
-    work (itself, possibly) is dropped (Moore and Hodgson's rule). A request of unknown length
-    counts its prompt only: its `outputs_left` is only the bound max_new_tokens sets."""
+    work per unit of its class weight (itself, possibly) is dropped (Moore and Hodgson's rule; the
+    weight, as everywhere in the policy, says who wins when not everyone can). A request of unknown
+    length counts its prompt only: its `outputs_left` is only the bound max_new_tokens sets."""
     out: set[str] = set()
-    kept: list[tuple[float, int, ReqView]] = []  # heap: the most work first, then the latest deadline
+    kept: list[tuple[float, int, ReqView]] = []  # heap: the most work per weight first, then the latest deadline
     tokens = outputs = 0
     for i, v in enumerate(itertools.islice(views, window)):
         known = v.outputs_left if v.outputs_known else 0
         tokens += v.prefill_tokens
         outputs += known
-        heapq.heappush(kept, (-(costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known), -i, v))
+        work = costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known
+        heapq.heappush(kept, (-work / v.weight, -i, v))
         first = now + prefill_time_s(tokens, costs, chunk) + decode_share_s * (outputs - known) + costs.decode_step_s
         if first > v.arrival + v.ttft_slo:
             big = heapq.heappop(kept)[2]

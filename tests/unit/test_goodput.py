@@ -532,6 +532,11 @@ def test_shedding_counts_decoding_only_where_the_length_is_known() -> None:
     long_, d = _fixed("long", 3.0, 100, 300), _fixed("d", 2.0, 100, 10, ttft=4.0)
     assert shed([long_, d], NOW, COSTS, None, 0.01, 256) == {"long"}
     assert shed([dataclasses.replace(long_, outputs_known=False), d], NOW, COSTS, None, 0.01, 256) == set()
+    # the class weight: of two with equal work, the lighter class's goes, wherever it stands (equal
+    # weights: the later one)
+    twin, later = dataclasses.replace(long_, rid="twin"), _fixed("later", 2.0, 100, 10, ttft=5.5)
+    assert shed([long_, twin, later], NOW, COSTS, None, 0.01, 256) == {"twin"}
+    assert shed([long_, dataclasses.replace(twin, weight=2.0), later], NOW, COSTS, None, 0.01, 256) == {"long"}
     # the share is the step's decode time over the running batch (planner.plan_step asks `batched`)
     policy = GoodputLvf(GP).batched([running("r", 1.0), running("s", 1.0)])
     assert policy.decode_share_s == COSTS.decode_step_s / 2
