@@ -109,7 +109,7 @@ def run_count(n: int, args: argparse.Namespace, model_path: str) -> dict[str, An
     decision: dict[str, Any] = {}
     counts: dict[str, int] = {}
     for r in range(args.repeats):
-        rig = build(n, args.policy, args.max_running, model_path, seed=r)
+        rig = build(n, args.policy, args.max_running, model_path, seed=r, ttft_shedding=args.ttft_shedding)
         try:
             gc.collect()
             times = time_steps(rig, args.steps, args.warmup, args.arrivals)
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", choices=["goodput", "paper"], default="goodput")
     ap.add_argument("--max-running", type=int, default=1024, help="running requests at most (the batch)")
     ap.add_argument("--arrivals", type=int, default=0, help="new requests queued before each step")
+    ap.add_argument("--ttft-shedding", action=argparse.BooleanOptionalAction, default=True,
+                    help="goodput: the server's --ttft-shedding")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default results/sched_overhead/POLICY.json)")
     args = ap.parse_args(argv)
     from ..model_prep import prepare_default_model
@@ -180,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"what": "per-iteration scheduler time: RotaSchedRuntime.around_prefill (ours, stock's call inside) "
                    "vs stock SGLang get_new_batch_prefill, real SGLang Reqs on a CPU",
            "policy": args.policy, "max_running": args.max_running, "arrivals_per_step": args.arrivals,
+           "ttft_shedding": args.ttft_shedding,
            "command": " ".join([os.path.basename(sys.executable), "-m", "superinfer_sgl.bench.sched_overhead",
                                 *(argv if argv is not None else sys.argv[1:])]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -84,7 +84,7 @@ def sglang_context(model_path: str) -> ExitStack:
     return stack
 
 
-def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0) -> Rig:
+def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0, ttft_shedding: bool = True) -> Rig:
     from sglang.srt.managers.schedule_batch import Req
 
     rng = random.Random(seed)
@@ -101,7 +101,7 @@ def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0)
         req.output_ids.extend([7] * rng.randint(1, 200))
     sched, batch, stack = _scheduler(running, waiting, model_path)
     cfg = SuperInferConfig(policy=policy, rotary_block_tokens=BLOCK_TOKENS, eager_sync=False,
-                           min_stint_ms=1e9)  # no running request may be rotated out: a steady state
+                           min_stint_ms=1e9, ttft_shedding=ttft_shedding)  # no running request may be rotated out: a steady state
     rt = RotaSchedRuntime(sched, cfg, engine=_idle_engine())  # type: ignore[arg-type]
     now = time.monotonic()
     for req in reqs:
