@@ -16,9 +16,10 @@ scale but ranks by what a request can still gain:
   `max_best_effort_wait_s` (the starvation bound: from then on it is first in line for memory).
 - shed: viable by itself, but not beside the viable requests ahead of it: when the deadline-first
   walk of the viable waiting requests reaches one that would miss its TTFT behind the work
-  already kept ahead, the largest kept request (prompt plus, where its length is known, its
-  decoding's share of the device) leaves the viable tier for best-effort (`shed`: Moore and
-  Hodgson's rule, which keeps the most jobs on time on one machine).
+  already kept ahead, the kept request with the most work per unit of class weight (prompt plus,
+  where its length is known, its decoding's share of the device) leaves the viable tier for
+  best-effort (rotasched/shedding.py: Moore and Hodgson's rule, which keeps the most jobs on time
+  on one machine; --ttft-shedding).
 Within the other tiers, earliest deadline first (`rank_key`: the slack of the SLO clock that is
 ticking, stretched by the SLO class's weight); VLT still decides who is urgent, i.e. who may take
 memory that rotation frees. EDF is what LVF's order is for one SLO (the oldest request is the
@@ -52,7 +53,7 @@ from superinfer_sgl.rotasched.pending import PendingIndex, sorted_runs
 from superinfer_sgl.rotasched.policy import BEST_EFFORT, PROMOTED, VIABLE, Ranks, Row
 from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 from superinfer_sgl.rotasched.shedding import SHED_WINDOW, shed
-from superinfer_sgl.rotasched.step_size import (  # noqa: F401 (prefill_time_s: named here too)
+from superinfer_sgl.rotasched.step_size import (
     JITTER_Z,
     MIN_PREFILL_CHUNK,
     mix_needed,
@@ -262,7 +263,8 @@ class GoodputLvf:
         longer than the bound are looked at), then the viable ones merged from their classes'
         deadline orders (a request not yet started is looked at only while its TTFT deadline has
         not passed), then the best-effort ones by outputs left. Each request's tier is `tier`'s,
-        computed when the walk reaches it."""
+        computed when the walk reaches it; those `shed` drops (`_shed`, read first) are
+        best-effort."""
         book = pending.book(GoodputBook)
         views, params, chunk = pending.views, self.params, self.chunk
         tiers: dict[str, int] = {}
