@@ -72,7 +72,7 @@ class SuperInferConfig:
     # The goodput policy's starvation bound: a best-effort request that has waited this long is first
     # in line for memory.
     max_best_effort_wait_ms: float = DEFAULT_MAX_BEST_EFFORT_WAIT_S * 1000.0
-    # The goodput policy's TTFT shedding (rotasched.goodput.shed): a waiting request that would
+    # The goodput policy's TTFT shedding (rotasched.shedding.shed): a waiting request that would
     # make others miss their TTFT behind it, and has the most work of them, is served best-effort.
     ttft_shedding: bool = True
     ttft_slo_ms: float = DEFAULT_SLO.ttft_ms
