@@ -11,15 +11,12 @@ for every policy, as in the goodput sweep. Writes capacity.json and table.md int
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import subprocess
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from superinfer_sgl.sim.capacity import SLO_RULE_HELP, SLO_RULES, CapacityGrid, policy_capacity
+from superinfer_sgl.sim import record
 from superinfer_sgl.sim.runner import Job
-from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
 PROFILES = ("gh200-qwen2.5-32b", "h100-pcie5-qwen2.5-32b")
 WORKLOADS = ("sharegpt-like", "azure:conv", "azure:code")
@@ -61,18 +58,7 @@ def main() -> None:
                     r.update(policy=pol, profile=profile, workload=workload, slo=[ttft, tbt])
                     rows.append(r)
                     print(f"{profile} {workload} {ttft:g}s/{1000 * tbt:g}ms {pol}: {r['capacity_req_s']}", flush=True)
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python scripts/sim_capacity_table.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "policy", "profile", "workload", "slo"))
-           + "".join(f" --profile {p}" for p in a.profile or []) + "".join(f" --workload {w}" for w in a.workload or [])
-           + "".join(f" --slo {t:g},{b:g}" for t, b in a.slo or []) + "".join(f" --policy {p}" for p in a.policy or []),
-           "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": commit, "grid": vars(grid) if hasattr(grid, "__dict__") else str(grid),
-           "attribution": AZURE_ATTRIBUTION, "rows": rows}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "capacity.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (a.out / "table.md").write_text(table(rows, policies) + "\n")
-    print(table(rows, policies))
+    record.write(a.out, "capacity.json", rows, table(rows, policies), grid=asdict(grid))
 
 
 def slo_pair(text: str) -> tuple[float, float]:

@@ -14,13 +14,10 @@ sample's) and table.md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import subprocess
 from pathlib import Path
 
+from superinfer_sgl.sim import record
 from superinfer_sgl.sim.runner import Job, run_jobs
-from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
 # (profile, workload, TTFT s, TBT s, rates): the capacity table's ShareGPT-like and Azure conv
 # cells, rates around ours' capacity there (results/sim_capacity)
@@ -75,17 +72,7 @@ def main() -> None:
         pooled.setdefault(key, []).append(out["both_attainment"])
     rows = [{"profile": k[0], "workload": k[1], "slo_s": [k[2], k[3]], "rate": k[4], "ttft_shedding": k[5],
              "samples": v, "both_attainment": sum(v) / len(v)} for k, v in pooled.items()]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    doc = {"command": f"python scripts/sim_shedding.py --duration {a.duration:g}"
-                      + (" --no-ignore-eos" if a.no_ignore_eos else "")
-                      + "".join(f" --cell {p},{w},{t:g},{b:g},{':'.join(f'{r:g}' for r in rs)}" for p, w, t, b, rs in a.cell or []),
-           "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": commit, "seeds": list(SEEDS), "azure_windows_s": list(WINDOWS), "attribution": AZURE_ATTRIBUTION,
-           "rows": rows}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "shedding.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (a.out / "table.md").write_text(table(rows) + "\n")
-    print(table(rows))
+    record.write(a.out, "shedding.json", rows, table(rows), seeds=list(SEEDS), azure_windows_s=list(WINDOWS))
 
 
 def table(rows: list[dict]) -> str:

@@ -12,13 +12,10 @@ Writes sustained.json (one row per policy and point) and table.md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import subprocess
 from pathlib import Path
 
+from superinfer_sgl.sim import record
 from superinfer_sgl.sim.runner import Job, run_jobs
-from superinfer_sgl.sim.workload import AZURE_ATTRIBUTION
 
 # (profile, workload, rate): 1.2x, 1.5x and 2x stock SGLang's capacity at 5 s / 100 ms on GH200,
 # 1.3x and 2x on H100 PCIe (results/sim_capacity, ShareGPT-like: 13.1 and 3.7 req/s)
@@ -55,16 +52,7 @@ def main() -> None:
             for p, w, r in points for pol in policies]
     rows = [{"profile": j.profile, "workload": j.workload, "rate": j.rate, "policy": j.policy,
              **{k: out[k] for k in KEEP}} for j, out in zip(jobs, run_jobs(jobs, a.jobs))]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python scripts/sim_sustained.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "point", "policy"))
-           + "".join(f" --point {p},{w},{r:g}" for p, w, r in a.point or []) + "".join(f" --policy {p}" for p in a.policy or []),
-           "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": commit, "slo_s": [a.ttft_slo, a.tbt_slo], "attribution": AZURE_ATTRIBUTION, "rows": rows}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "sustained.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (a.out / "table.md").write_text(table(rows) + "\n")
-    print(table(rows))
+    record.write(a.out, "sustained.json", rows, table(rows), slo_s=[a.ttft_slo, a.tbt_slo])
 
 
 def table(rows: list[dict]) -> str:
