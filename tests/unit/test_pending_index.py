@@ -4,6 +4,7 @@ before (every tier, key and tie), and an index updated view by view decides as o
 
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 from hypothesis import given, settings
@@ -148,6 +149,17 @@ def test_equal_keys_of_different_deadlines_go_by_arrival() -> None:
     rows = list(policy.head_rows(PendingIndex([late, early]), 0.0, VltParams()))
     assert [r[3] for r in rows] == [r[3] for r in sorted(lvf._rows([late, early], 0.0, VltParams(), policy))]
     assert [r[3] for r in rows] == ["early", "late"]
+
+
+def test_shedding_walks_equal_keys_by_arrival_too() -> None:
+    """`shed` reads the window in `rank`'s order even where the deadline list's order differs (two
+    deadlines, one key): of two equal requests that cannot both make it, the one ranked second
+    goes best-effort (the one-weight shortcut, `_fresh_in_order`, must not walk the list's order)."""
+    late, early = (dataclasses.replace(v, prefill_tokens=20_000) for v in _tie())
+    policy = GoodputLvf(GoodputParams(StepCosts(1e-3, 0.0, 0.0, 0.0)))
+    rows = list(policy.head_rows(PendingIndex([late, early]), 0.0, VltParams()))
+    assert [(r[3], r[0]) for r in rows] == [("early", goodput.VIABLE), ("late", goodput.BEST_EFFORT)]
+    assert rows == sorted(lvf._rows([late, early], 0.0, VltParams(), policy))
 
 
 def test_a_deadline_exactly_now_is_still_viable() -> None:
