@@ -309,38 +309,21 @@ class GoodputLvf:
         book's deadline lists as far as the window (keys only: no rows are built for them; viable
         is `tier`'s test for them, inlined)."""
         costs, chunk = self.params.costs, self.chunk
-        groups = [(weight, rows) for (weight, started), rows in book.deadlines.items() if not started]
-        fresh = self._fresh_in_order(*groups[0], views, now) if len(groups) == 1 else None
-        if fresh is None:  # several class weights, or keys that tie: merged and sorted as `rank` sorts
 
-            def keyed(rows: list[tuple[float, float, str]], weight: float) -> Iterator[tuple[int, float, float, str]]:
-                # rank_key of a request not yet started, its deadline not passed
-                for d, a, rid in itertools.islice(rows, bisect.bisect_left(rows, (now,)), None):
-                    yield VIABLE, (d - now) / weight, a, rid
+        def keyed(rows: list[tuple[float, float, str]], weight: float) -> Iterator[tuple[int, float, float, str]]:
+            # rank_key of a request not yet started, its deadline not passed
+            for d, a, rid in itertools.islice(rows, bisect.bisect_left(rows, (now,)), None):
+                yield VIABLE, (d - now) / weight, a, rid
 
-            merged = (views[row[3]] for row in heapq.merge(*(sorted_runs(keyed(rows, w)) for w, rows in groups)))
-            fresh = list(itertools.islice((v for v in merged if ttft_reachable(v, now, 0, costs, chunk)), SHED_WINDOW))
-        return shed(fresh, now, costs, chunk, self.decode_share_s, SHED_WINDOW)
-
-    def _fresh_in_order(self, weight: float, rows: list[tuple[float, float, str]], views: dict[str, ReqView],
-                        now: float) -> list[ReqView] | None:
-        """`_shed`'s window off one class weight's deadline list, read in the list's order (the
-        usual case, and cheaper than the merge): `rank`'s order, unless two different deadlines
-        round to one key (None: `rank` sorts such a run by arrival)."""
-        costs, chunk = self.params.costs, self.chunk
+        runs = [sorted_runs(keyed(rows, weight)) for (weight, started), rows in book.deadlines.items() if not started]
         fresh: list[ReqView] = []
-        last_key = last_d = None
-        for d, _, rid in itertools.islice(rows, bisect.bisect_left(rows, (now,)), None):
-            key = (d - now) / weight
-            if key == last_key and d != last_d:
-                return None
-            last_key, last_d = key, d
+        for _, _, _, rid in heapq.merge(*runs) if len(runs) > 1 else runs[0] if runs else ():
             view = views[rid]
             if ttft_reachable(view, now, 0, costs, chunk):
                 fresh.append(view)
                 if len(fresh) == SHED_WINDOW:
                     break
-        return fresh
+        return shed(fresh, now, costs, chunk, self.decode_share_s, SHED_WINDOW)
 
     def batched(self, running: list[ReqView]) -> GoodputLvf:
         """`shed`'s decode share for a running batch of `running`: a decode step's time over its

@@ -154,7 +154,7 @@ def test_equal_keys_of_different_deadlines_go_by_arrival() -> None:
 def test_shedding_walks_equal_keys_by_arrival_too() -> None:
     """`shed` reads the window in `rank`'s order even where the deadline list's order differs (two
     deadlines, one key): of two equal requests that cannot both make it, the one ranked second
-    goes best-effort (the one-weight shortcut, `_fresh_in_order`, must not walk the list's order)."""
+    goes best-effort."""
     late, early = (dataclasses.replace(v, prefill_tokens=20_000) for v in _tie())
     policy = GoodputLvf(GoodputParams(StepCosts(1e-3, 0.0, 0.0, 0.0)))
     rows = list(policy.head_rows(PendingIndex([late, early]), 0.0, VltParams()))
