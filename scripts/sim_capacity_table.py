@@ -14,8 +14,8 @@ import argparse
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from superinfer_sgl.sim.capacity import SLO_RULE_HELP, SLO_RULES, CapacityGrid, policy_capacity
 from superinfer_sgl.sim import record
+from superinfer_sgl.sim.capacity import SLO_RULE_HELP, SLO_RULES, CapacityGrid, policy_capacity
 from superinfer_sgl.sim.runner import Job
 
 PROFILES = ("gh200-qwen2.5-32b", "h100-pcie5-qwen2.5-32b")
