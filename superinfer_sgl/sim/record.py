@@ -23,9 +23,9 @@ def commit() -> str:
         return ""
 
 
-def write(out: Path, name: str, rows: list[dict[str, Any]], table: str, **fields: Any) -> dict[str, Any]:
+def write(out: Path, name: str, rows: list[dict[str, Any]], table: str, **fields: Any) -> None:
     """Write `out`/`name` (the record: `fields` beside the command, date, commit, attribution and
-    `rows`) and `out`/table.md, print the table; returns the record."""
+    `rows`) and `out`/table.md, and print the table."""
     doc = {"command": shlex.join(["python", *sys.argv]),
            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit(), **fields, "attribution": AZURE_ATTRIBUTION, "rows": rows}
@@ -33,4 +33,3 @@ def write(out: Path, name: str, rows: list[dict[str, Any]], table: str, **fields
     (out / name).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "table.md").write_text(table + "\n")
     print(table)
-    return doc
