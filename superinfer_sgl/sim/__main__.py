@@ -108,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     vc.add_argument("--no-replay", action="store_true", help="skip the replay of the live search per repeat")
     vc.add_argument("--as-planned", action="store_true",
                     help="planner: its own settings (mixed chunk for every policy) instead of each server's flags")
+    vc.add_argument("--jitter", action=argparse.BooleanOptionalAction, default=True,
+                    help="simulated steps spread as each system's logged steps did (step logs only)")
     vc.add_argument("--jobs", type=int, default=1, help="worker processes (planner)")
     vc.add_argument("--out", type=Path, default=RESULTS, help="writes sim_validate_capacity_<run>.json / .md here")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         rep = capacity_validate.run(a.run_dir, a.out, profile=a.profile, speed=a.speed, duration=a.duration,
                                     seeds=a.seeds, seed=a.seed, resolution=a.resolution, processes=a.jobs,
                                     policy_map=dict(m.split("=", 1) for m in a.map), replay=not a.no_replay,
-                                    as_planned=a.as_planned)
+                                    as_planned=a.as_planned, jitter=a.jitter)
         print(capacity_validate.markdown(rep))
     elif a.cmd == "paper":
         from superinfer_sgl.sim import paper

@@ -14,6 +14,10 @@ the machine's speed while the run ran, from (`speed`):
                (stock) server, pinned to its one core, probed before its partner started
   auto         the first of these the run has
 
+and, from a step log, how much single steps spread around that speed (`jitter`, on by default:
+SimConfig.step_jitter; a CPU's steps spread 10-25% within seconds, and the goodput policy, which
+plans against deadlines, loses more to that than stock FCFS does).
+
 Two answers per system:
 
   planner  sim/plan.py's replica_capacity: Poisson arrivals over `duration` s, lengths drawn from
@@ -108,7 +112,9 @@ def classes(reqs: Sequence[dict]) -> tuple[MixClass, ...]:
 def speed_profile(base: Profile, doc: dict, ab_path: Path, system: str, repeats: Sequence[int] | None,
                   source: str = "auto") -> tuple[Profile, dict]:
     """`base` at the speed `system` ran at in `repeats` (None: all), with the run's KV budget and
-    chunk; and what was used (source, decode and prefill factors, what the step log refit)."""
+    chunk; and what was used (source, decode and prefill factors, what the step log refit, and from
+    a step log the spread of single steps around the refit model within 3 s buckets: `spread`,
+    steplog.step_spread, None where too few steps were timed)."""
     assert source in SPEED_SOURCES, source
     cfg = doc["config"]
     limits = dict(kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
@@ -121,7 +127,8 @@ def speed_profile(base: Profile, doc: dict, ab_path: Path, system: str, repeats:
         if found:
             step, sc = found
             info = {"source": "steplog", "decode": sc["decode"], "prefill": sc["prefill"], "refit": sc["refit"],
-                    "steps": sc["steps"], "decode_p10_p90": sc["decode_p10_p90"]}
+                    "steps": sc["steps"], "decode_p10_p90": sc["decode_p10_p90"],
+                    "spread": steplog.step_spread(step, window)}
             return replace(base, step=step).with_server(**limits), info
     if source == "steplog":
         raise ValueError(f"{system}: no step log with enough steps at {log}")
@@ -135,6 +142,11 @@ def speed_profile(base: Profile, doc: dict, ab_path: Path, system: str, repeats:
     if sc is None and source == "calibration":
         raise ValueError(f"no calibration probe in {ab_path}")
     return validate.scaled(base, sc).with_server(**limits), {"source": "calibration" if sc else "profile", **(sc or {})}
+
+
+def _spread(used: dict, jitter: bool) -> float:
+    """SimConfig.step_jitter for a speed `speed_profile` used: its step log's spread, or none."""
+    return float(used.get("spread") or 0.0) if jitter else 0.0
 
 
 @functools.lru_cache(maxsize=4)
@@ -158,9 +170,12 @@ def replay_search(prof: Profile, policy: str, config: SimConfig, reqs: list[dict
 
 def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "auto", duration: float = 600.0,
           seeds: int = 4, seed: int = 0, resolution: float = 0.02, processes: int = 1,
-          policy_map: Mapping[str, str] | None = None, replay: bool = True, as_planned: bool = False) -> dict:
+          policy_map: Mapping[str, str] | None = None, replay: bool = True, as_planned: bool = False,
+          jitter: bool = True) -> dict:
     """The report (see the module's doc). `as_planned`: the planner with its own settings (every
-    policy with mixed chunk, `Job`'s defaults) instead of each server's launch flags."""
+    policy with mixed chunk, `Job`'s defaults) instead of each server's launch flags. `jitter`: the
+    simulated steps spread as the system's logged ones did (SimConfig.step_jitter = the speed's
+    `spread`; no step log: none), else every step takes the refit model's time."""
     ab_path = validate.find_ab(Path(path))
     doc = abfile.load(ab_path)
     cfg = doc["config"]
@@ -179,22 +194,22 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
     mix = classes([r for reqs, _ in have for r in reqs])
     pop = population(have)
     base = resolve_profile(profile)
-    mapping = {**validate.SYSTEM_POLICY, **(policy_map or {})}
     rows = []
     for system in dict.fromkeys(r["system"] for r in runs):
-        policy = mapping.get(system, mapping.get(system.split("#")[0]))
+        policy = validate.system_policy(cfg, system, policy_map)
         if policy is None:
             continue
-        if policy == validate.AS_SERVED:
-            policy = validate.served_policy(cfg, system)
         prof, used = speed_profile(base, doc, ab_path, system, None, speed)
-        config = validate.system_config(cfg, system, policy, prof.server.kv_tokens)
+        config = replace(validate.system_config(cfg, system, policy, prof.server.kv_tokens),
+                         step_jitter=_spread(used, jitter))
         spec = PlanSpec(prof, mix, duration, seed, seeds, pop, None if as_planned else {policy: config})
         planned = replica_capacity(spec, policy, mix, grid, processes)
         m = measured["systems"].get(system, {})
         row = {"system": system, "policy": policy, "speed": used,
                "config": {"mixed_chunk": config.mixed_chunk, "budget_blocks": config.budget_blocks,
-                          "min_stint_s": config.min_stint_s, "running_reserve": config.running_reserve},
+                          "min_stint_s": config.min_stint_s, "running_reserve": config.running_reserve,
+                          "step_jitter": config.step_jitter, "ttft_shedding": config.ttft_shedding,
+                          "mix_prefill": config.mix_prefill},
                "planner_req_s": planned, "measured": m,
                "planner_in_request_ci": _inside(planned, m.get("request_ci")),
                "planner_in_repeat_ci": _inside(planned, m.get("repeat_ci")),
@@ -207,14 +222,15 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
                                       "no requests: repeat<k>/dataset.jsonl and the model's tokenizer needed"})
                 continue
             rprof, rused = speed_profile(base, doc, ab_path, system, [k], speed)
-            found = replay_search(rprof, policy, config, reqs, ids, rseed, live_grid)
+            rconfig = replace(config, step_jitter=_spread(rused, jitter))
+            found = replay_search(rprof, policy, rconfig, reqs, ids, rseed, live_grid)
             pts = sorted((p for p in doc["results"].get(system, []) if p.get("repeat", 0) == k), key=lambda p: p["rate"])
             row["replay"].append({
                 "repeat": k, "seed": rseed, "speed": rused, "capacity_req_s": found["capacity_req_s"],
                 "bracket": found["bracket"], "censored": found["censored"], "points": found["points"],
                 "measured_req_s": live.get("capacity_req_s"), "measured_bracket": live.get("bracket"),
                 "at_measured_rates": [(p["rate"], p["summary"]["joint_attainment"],
-                                       replay_attainment(rprof, policy, config, reqs, ids, rseed, p["rate"])) for p in pts],
+                                       replay_attainment(rprof, policy, rconfig, reqs, ids, rseed, p["rate"])) for p in pts],
                 "schedules_match": _schedules_match(ab_path, k, reqs, rseed, [p["rate"] for p in pts])})
         done = [r["capacity_req_s"] or 0.0 for r in row["replay"] if "capacity_req_s" in r]
         row["replay_mean_req_s"] = statistics.fmean(done) if done else None
@@ -222,7 +238,7 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
         rows.append(row)
     return {"run": str(ab_path), "profile": base.name, "speed": speed, "date_utc": cfg.get("date_utc"),
             "planner_settings": "the planner's own (mixed chunk for every policy)" if as_planned
-            else "each server's launch flags (validate.system_config)",
+            else "each server's launch flags (validate.system_config)", "jitter": jitter,
             "kv_tokens": cfg["kv_tokens"], "chunked_prefill": cfg["chunked_prefill"], "target": live_grid.target,
             "classes": [{"name": c.name, "share": c.rate / sum(x.rate for x in mix), "ttft_ms": 1000 * c.ttft_s,
                          "tbt_ms": 1000 * c.tbt_s} for c in mix],
@@ -313,7 +329,8 @@ def markdown(rep: dict) -> str:
              f"{pl['duration_s']:g} s of Poisson arrivals x {pl['seeds']} seeds per rate, lengths drawn from the run's "
              f"{rep['population']} requests. Replay: the live search in the simulator, per repeat, with its "
              f"{rep['requests_per_point']} requests and arrivals per point. Prefix cache: {rep['prefix_cache']}. "
-             f"Planner settings: {rep['planner_settings']}.", "",
+             f"Planner settings: {rep['planner_settings']}. Steps: "
+             f"{'spread as each system logged them (within 3 s)' if rep.get('jitter') else 'the model time each'}.", "",
              "| system (policy) | speed x decode / prefill (source) | planner req/s | replay per repeat | "
              "measured per repeat (bracket) | measured mean | 95% request | 95% repeat (t) | planner in request CI | "
              "planner vs each bracket | replay mean in request CI |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -325,7 +342,8 @@ def markdown(rep: dict) -> str:
         live = ", ".join(f"{_f(c)} ({_f(b[0], '{:.3g}')}..{_f(b[1], '{:.3g}')})" if b else _f(c)
                          for c, b in zip(caps, m.get("brackets") or [None] * len(caps)))
         lines.append(f"| {r['system']} ({r['policy']}{', mixed chunk' if r['config']['mixed_chunk'] else ''}) | "
-                     f"{_f(sp.get('decode'), '{:.2f}')} / {_f(sp.get('prefill'), '{:.2f}')} ({sp['source']}) | "
+                     f"{_f(sp.get('decode'), '{:.2f}')} / {_f(sp.get('prefill'), '{:.2f}')} ({sp['source']}"
+                     f"{'; steps spread ' + format(r['config']['step_jitter'], '.0%') if r['config'].get('step_jitter') else ''}) | "
                      f"{_f(r['planner_req_s'])} | {per} | {live} | "
                      f"{_f(m.get('mean_req_s'))} | {_ci(m.get('request_ci'))} | {_ci(m.get('repeat_ci'))} | "
                      f"{_in_ci(r['planner_in_request_ci'], m)} | "
@@ -360,6 +378,8 @@ def run(path: Path, out_dir: Path, **kw: object) -> dict:
         stem += f"_{kw['speed']}"
     if kw.get("as_planned"):
         stem += "_as_planned"
+    if kw.get("jitter") is False:
+        stem += "_nojitter"
     (out_dir / f"{stem}.json").write_text(json.dumps(rep, indent=1) + "\n")
     (out_dir / f"{stem}.md").write_text(markdown(rep))
     return rep

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ SYSTEM_POLICY = {"sglang": "sglang", "sglang-priority": "sglang-priority", "supe
                  "superinfer-paper": AS_SERVED}
 ATTAINMENT_POINTS, P50_TTFT_REL = 10.0, 0.25
 RUNNING_RESERVE_SINCE = "2026-11-28"  # A/Bs dated before ran servers without --running-reserve
+TTFT_SHEDDING_SINCE = "2026-11-30T12:28"  # ... and before this without TTFT shedding (c071d64)
 
 # What the replay does not model of the servers that ran (scripts/ab_bench.py, superinfer today).
 MODEL_GAPS = (
@@ -159,7 +160,8 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
 
     Rotation quantum: --min-stint-ms (absent: 0, the servers before the option).
     Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
-    --no-mixed-resume (launch_server.prepare). Rotation budget: --rotation-budget-blocks, else the
+    --no-mixed-resume (launch_server.prepare); --mix-prefill as given. TTFT shedding:
+    --[no-]ttft-shedding as given, else the default (off in A/Bs dated before it). Rotation budget: --rotation-budget-blocks, else the
     runtime's auto value (rotasched.planner.rotation_budget) without its measured link bound: an
     eighth of the pool in rotation blocks, at most the paper's 2400, at least 1 (on the CPU the
     link moves far more than the cap in one step, so the cap is what the server used). Without the A/B's command lines: SimConfig's defaults.
@@ -183,8 +185,26 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     reserve = flag_value(cmd, "--running-reserve")
     share = float(reserve) if reserve not in (None, "auto") else (
         1.0 if str(cfg.get("date_utc", "")) < RUNNING_RESERVE_SINCE else None)
+    dated = str(cfg.get("date_utc", ""))
+    shedding = False if "--no-ttft-shedding" in cmd else True if "--ttft-shedding" in cmd else (
+        SimConfig.ttft_shedding and dated >= TTFT_SHEDDING_SINCE)
     return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum,
-                     running_reserve=share)
+                     running_reserve=share, ttft_shedding=shedding,
+                     mix_prefill=flag_value(cmd, "--mix-prefill") or SimConfig.mix_prefill)
+
+
+def system_policy(cfg: dict, system: str, policy_map: Mapping[str, str] | None = None) -> str | None:
+    """The simulator policy `system` is replayed with: by its name in `policy_map`, else in
+    SYSTEM_POLICY ("sglang#2", the harness's second stock server, as "sglang"), else, for our
+    launcher under another name (ab_bench.py --variant's superinfer-NAME), the policy it served
+    (SGLang's with --scheduler sglang); AS_SERVED resolves through `served_policy`. None: a
+    system the simulator does not model."""
+    mapping = {**SYSTEM_POLICY, **(policy_map or {})}
+    policy = mapping.get(system, mapping.get(system.split("#")[0]))
+    cmd = [str(a) for a in (cfg.get("server_commands") or {}).get(system, [])]
+    if policy is None and "superinfer_sgl.launch_server" in cmd:
+        policy = "sglang" if flag_value(cmd, "--scheduler") == "sglang" else AS_SERVED
+    return served_policy(cfg, system) if policy == AS_SERVED else policy
 
 
 def served_policy(cfg: dict, system: str) -> str:
@@ -284,17 +304,13 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
     scales = speed_scales(profile, doc.get("calibration")) if rescale else None
     server_limits = dict(kv_tokens=int(cfg["kv_tokens"]), chunked_prefill_tokens=int(cfg["chunked_prefill"]) or None)
     prof = scaled(profile, scales).with_server(**server_limits)
-    mapping = {**SYSTEM_POLICY, **(policy_map or {})}
     prompt_ids = ab_prompt_ids(doc, ab_path)
     rows = []
     results = doc["results"]
     for pt in ab_points(doc):
-        # "sglang#2" is the harness's second stock server (the noise band): same policy.
-        policy = mapping.get(pt.system, mapping.get(pt.system.split("#")[0]))
+        policy = system_policy(cfg, pt.system, policy_map)
         if policy is None:
             continue
-        if policy == AS_SERVED:
-            policy = served_policy(cfg, pt.system)
         point = next((p for p in results[pt.system] if p["rate"] == pt.rate and p.get("repeat", 0) == 0), {})
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else

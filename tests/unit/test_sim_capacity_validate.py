@@ -47,9 +47,10 @@ def _probe(base, slower: float) -> dict:
             "prefill_ms_per_token": 1000.0 * slower * base.step.prefill_alone(n) / n, "prompt_tokens": n, "out_tokens": out}
 
 
-def _log_window(model, slower: float, t0: float, rng: random.Random) -> tuple[list[dict], float]:
-    """Steps of a point that all ran `slower` times the profile's step model: decode batches of 1-10
-    rows, every sixth step a prefill of 50-450 tokens; the first after the server idled (between points)."""
+def _log_window(model, slower: float, t0: float, rng: random.Random, spread: float = 0.0) -> tuple[list[dict], float]:
+    """Steps of a point that all ran `slower` times the profile's step model (each times a lognormal
+    factor of mean 1 and spread `spread`): decode batches of 1-10 rows, every sixth step a prefill
+    of 50-450 tokens; the first after the server idled (between points)."""
     lines, t = [], t0
     for i in range(90):
         if i % 6 == 5:
@@ -60,12 +61,15 @@ def _log_window(model, slower: float, t0: float, rng: random.Random) -> tuple[li
             shape = dict(mode="DECODE", pt=0, pr=0, pq=0.0, dr=dr, dc=dr * 150)
         period = slower * steplog.predicted_s(model, steplog.Step(t, 0.0, shape["mode"], shape["pt"], shape["pr"],
                                                                   shape["pq"], shape["dr"], shape["dc"]))
+        if spread:
+            period *= rng.lognormvariate(-spread ** 2 / 2, spread)
         lines.append({"t": t, "dur": 0.9 * period, "idle": i == 0, **shape})
         t += period
     return lines, t
 
 
-def _live_run(tmp: Path, slower: float = SLOWER) -> Path:
+def _live_run(tmp: Path, slower: float = SLOWER, spread: dict[str, float] | None = None) -> Path:
+    """The run folder; `spread`: system -> how much its logged steps spread around the model."""
     base = resolve_profile(PROFILE)
     slow = validate.scaled(base, {"decode": slower, "prefill": slower}).with_server(kv_tokens=1536,
                                                                                    chunked_prefill_tokens=512)
@@ -92,7 +96,7 @@ def _live_run(tmp: Path, slower: float = SLOWER) -> Path:
                     wl = recorded_workload(reqs, search_arrivals(N, rate, seed), "live")
                     att = simulate(wl, slow, policy, config)["both_attainment"]
                     met = round(att * N)
-                    steps, t_end = _log_window(base.step, slower, t, rng)
+                    steps, t_end = _log_window(base.step, slower, t, rng, (spread or {}).get(system, 0.0))
                     with (tmp / "logs" / f"{system}.steps.jsonl").open("a") as f:
                         f.writelines(json.dumps(s) + "\n" for s in steps)
                     results[system].append({
@@ -200,3 +204,23 @@ def test_cli_writes_the_report(live: tuple[Path, dict], tmp_path: Path, capsys: 
     stem = f"sim_validate_capacity_{run.name}_probes_as_planned"
     assert json.loads((tmp_path / f"{stem}.json").read_text())["speed"] == "probes"
     assert (tmp_path / f"{stem}.md").read_text() == cv.markdown(json.loads((tmp_path / f"{stem}.json").read_text()))
+
+
+
+def test_steps_spread_as_the_run_logged_them(tmp_path: Path) -> None:
+    """Ours' logged steps spread ~20% around the model, stock's not at all: the speed reports each
+    spread, the planner and the replay simulate ours' steps spread as much, and `jitter=False`
+    leaves every step at the model's time."""
+    run = _live_run(tmp_path, spread={"superinfer": 0.2})
+    on = cv.check(run, PROFILE, **PLANNER)
+    off = cv.check(run, PROFILE, jitter=False, **PLANNER)
+    stock, ours = on["rows"]
+    assert stock["speed"]["spread"] == pytest.approx(0.0, abs=1e-6) == stock["config"]["step_jitter"]
+    assert 0.12 < ours["speed"]["spread"] < 0.3 and ours["config"]["step_jitter"] == ours["speed"]["spread"]
+    assert [r["config"]["step_jitter"] for r in off["rows"]] == [0.0, 0.0]
+    assert on["jitter"] is True and off["jitter"] is False
+    assert "spread as each system logged" in cv.markdown(on) and "the model time each" in cv.markdown(off)
+    # the same searches over another model of the steps: spread steps do not meet what exact ones do
+    sims = [[sim for x in rep["rows"][1]["replay"] if "at_measured_rates" in x for _, _, sim in x["at_measured_rates"]]
+            + [rep["rows"][1]["planner_req_s"]] for rep in (on, off)]
+    assert sims[0] != sims[1]

@@ -190,6 +190,21 @@ def test_replay_of_an_ab_runs_the_policy_and_quantum_the_server_ran() -> None:
     assert system_config(cfg, "new", "goodput", 4096).running_reserve == 1.0  # no date: an old A/B
     cfg["date_utc"] = "2026-11-28T02:00:00+00:00"
     assert system_config(cfg, "new", "goodput", 4096).running_reserve is None
+    # TTFT shedding and --mix-prefill: as given, else the default (shedding off before it existed)
+    cfg["server_commands"]["noshed"] = [*ours, "--policy", "goodput", "--no-ttft-shedding", "--mix-prefill", "needed"]
+    assert not system_config(cfg, "new", "goodput", 4096).ttft_shedding  # dated before the option
+    cfg["date_utc"] = "2026-11-30T15:36:08+00:00"
+    assert system_config(cfg, "new", "goodput", 4096).ttft_shedding
+    assert system_config(cfg, "new", "goodput", 4096).mix_prefill == "always"
+    off = system_config(cfg, "noshed", "goodput", 4096)
+    assert not off.ttft_shedding and off.mix_prefill == "needed"
+    # which policy replays a system: by name, else our launcher under a variant's name as served
+    from superinfer_sgl.sim.validate import system_policy
+    cfg["server_commands"]["radix"] = ["python", "-m", "superinfer_sgl.launch_server", "--scheduler", "sglang"]
+    cfg["server_commands"]["stock"] = ["python", "-m", "sglang.launch_server"]
+    assert [system_policy(cfg, s) for s in ("new", "noshed", "old", "radix", "stock")] == \
+        ["goodput", "goodput", "lvf-duplex", "sglang", None]
+    assert system_policy(cfg, "sglang#2") == "sglang" and system_policy(cfg, "stock", {"stock": "sglang"}) == "sglang"
 
 
 def test_a_class_weight_reaches_the_policys_views() -> None:
