@@ -161,7 +161,7 @@ def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, g
     get it by their TTFT deadline; None: no limit below `cap` (this step's prefill cap, None:
     uncapped). Each such request bounds the step at `room` tokens, what fits between now and its
     deadline in one mixed step (its decode step and fixed prefill time, the step's measured spread
-    allowed for as in `cap_share`); at least MIN_PREFILL_CHUNK.
+    allowed for: ~90% of such steps within it, step_size.JITTER_Z); at least MIN_PREFILL_CHUNK.
 
     Who that is: every request of `admitted` (this step's admissions, in the order the executor
     offers them) whose whole prompt fits in the step, since all prompts prefilled in one step get
