@@ -162,9 +162,11 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
     --no-mixed-resume (launch_server.prepare); --mix-prefill as given. TTFT shedding:
     --[no-]ttft-shedding as given, else the default (off in A/Bs dated before it). Rotation
-    budget: --rotation-budget-blocks, else the runtime's auto value (rotasched.planner.rotation_budget) without its measured link bound: an
-    eighth of the pool in rotation blocks, at most the paper's 2400, at least 1 (on the CPU the
-    link moves far more than the cap in one step, so the cap is what the server used). Without the A/B's command lines: SimConfig's defaults.
+    budget: --rotation-budget-blocks, else the runtime's auto value
+    (rotasched.planner.rotation_budget) without its measured link bound: an eighth of the pool in
+    rotation blocks, at most the paper's 2400, at least 1 (on the CPU the link moves far more than
+    the cap in one step, so the cap is what the server used). Without the A/B's command lines:
+    SimConfig's defaults.
     """
     cmd = [str(a) for a in (cfg.get("server_commands") or {}).get(system, [])]
     if not cmd:
