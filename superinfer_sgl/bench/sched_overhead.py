@@ -5,7 +5,7 @@
 a CPU, in a contended steady state (`sched_rig.py`).
 
     python -m superinfer_sgl.bench.sched_overhead [--counts 1000 4000 16000] [--steps 40]
-        [--repeats 3] [--policy goodput] [--arrivals 0] [--out results/sched_overhead/goodput.json]
+        [--repeats 3] [--policy goodput] [--arrivals 0] [--metrics] [--out results/sched_overhead/goodput.json]
 
 Each step first applies a decode iteration's changes (one output token per running request, the
 clock moving on, `--arrivals` new requests appended to the waiting queue), then times both calls on that state, alternating which goes first. A repeat is a
@@ -109,7 +109,8 @@ def run_count(n: int, args: argparse.Namespace, model_path: str) -> dict[str, An
     decision: dict[str, Any] = {}
     counts: dict[str, int] = {}
     for r in range(args.repeats):
-        rig = build(n, args.policy, args.max_running, model_path, seed=r, ttft_shedding=args.ttft_shedding)
+        rig = build(n, args.policy, args.max_running, model_path, seed=r, ttft_shedding=args.ttft_shedding,
+                    metrics=args.metrics)
         try:
             gc.collect()
             times = time_steps(rig, args.steps, args.warmup, args.arrivals)
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arrivals", type=int, default=0, help="new requests queued before each step")
     ap.add_argument("--ttft-shedding", action=argparse.BooleanOptionalAction, default=True,
                     help="goodput: the server's --ttft-shedding")
+    ap.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=False,
+                    help="the hook updates the superinfer_ Prometheus series too (a server's --enable-metrics)")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default results/sched_overhead/POLICY.json)")
     args = ap.parse_args(argv)
     from ..model_prep import prepare_default_model
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"what": "per-iteration scheduler time: RotaSchedRuntime.around_prefill (ours, stock's call inside) "
                    "vs stock SGLang get_new_batch_prefill, real SGLang Reqs on a CPU",
            "policy": args.policy, "max_running": args.max_running, "arrivals_per_step": args.arrivals,
-           "ttft_shedding": args.ttft_shedding,
+           "ttft_shedding": args.ttft_shedding, "metrics": args.metrics,
            "command": " ".join([os.path.basename(sys.executable), "-m", "superinfer_sgl.bench.sched_overhead",
                                 *(argv if argv is not None else sys.argv[1:])]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

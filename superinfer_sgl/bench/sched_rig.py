@@ -84,7 +84,10 @@ def sglang_context(model_path: str) -> ExitStack:
     return stack
 
 
-def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0, ttft_shedding: bool = True) -> Rig:
+def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0, ttft_shedding: bool = True,
+          metrics: bool = False) -> Rig:
+    """`metrics`: the runtime updates its Prometheus series every step, as a server with
+    --enable-metrics does (in a registry of its own, not multiprocess)."""
     from sglang.srt.managers.schedule_batch import Req
 
     rng = random.Random(seed)
@@ -102,7 +105,14 @@ def build(n: int, policy: str, max_running: int, model_path: str, seed: int = 0,
     sched, batch, stack = _scheduler(running, waiting, model_path)
     cfg = SuperInferConfig(policy=policy, rotary_block_tokens=BLOCK_TOKENS, eager_sync=False,
                            min_stint_ms=1e9, ttft_shedding=ttft_shedding)  # no running request may be rotated out: a steady state
-    rt = RotaSchedRuntime(sched, cfg, engine=_idle_engine())  # type: ignore[arg-type]
+    series = None
+    if metrics:
+        from prometheus_client import CollectorRegistry
+
+        from ..integration.metrics import RotaSchedMetrics
+
+        series = RotaSchedMetrics(registry=CollectorRegistry())
+    rt = RotaSchedRuntime(sched, cfg, engine=_idle_engine(), metrics=series)  # type: ignore[arg-type]
     now = time.monotonic()
     for req in reqs:
         cls = req.sampling_params.custom_params["slo_class"]
@@ -183,6 +193,8 @@ def _idle_engine() -> Any:
     def refuse(*_a: Any, **_k: Any) -> None:
         raise AssertionError("the overhead rig's steady state moved KV")
 
-    host = SimpleNamespace(bytes_per_block=1 << 20, num_blocks=1 << 20, allocator=SimpleNamespace(num_used=0))
+    host = SimpleNamespace(bytes_per_block=1 << 20, num_blocks=1 << 20, allocator=SimpleNamespace(num_used=0),
+                           kv_format="auto")
     return SimpleNamespace(host_pool=host, rotate=refuse, free=refuse, track=refuse, untrack=lambda rid: None,
-                           bytes_eager_out=0, room_blocks=lambda enough: host.num_blocks)
+                           bytes_out=0, bytes_eager_out=0, bytes_in=0, bytes_prefetched=0,
+                           room_blocks=lambda enough: host.num_blocks)

@@ -178,6 +178,8 @@ class HostKVPool:
         if self.pinned and self.scales is not None:
             _pin(self.scales)
         self.allocator = BlockAllocator(num_blocks)
+        # read every scheduler step (the rotation budget); block_bytes allocates a tensor to ask
+        self._bytes_per_block = block_bytes(layers, kv_heads, head_dim, block_tokens, dtype, self.kv_format)
 
     @property
     def num_blocks(self) -> int:
@@ -191,7 +193,7 @@ class HostKVPool:
     @property
     def bytes_per_block(self) -> int:
         """Host bytes of one block: its KV, plus fp8's scales beside it."""
-        return block_bytes(self.layers, self.kv_heads, self.head_dim, self.block_tokens, self.dtype, self.kv_format)
+        return self._bytes_per_block
 
     @property
     def bytes_used(self) -> int:

@@ -27,16 +27,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..rotasched.headroom import AttainmentWindow, headroom
 
 if TYPE_CHECKING:  # (its views import torch; the HTTP process reads _dp_rank from here)
-    from .step_figures import StepFigures
+    from .step_figures import KvBytes, StepFigures
 
-# The headroom gauges rebuild a view of every queued request: per step that is a measurable share of
-# a CPU server's scheduler time under a backlog (docs/perf.md), for gauges scraped seconds apart. So while more than HEADROOM_EVERY_STEP requests queue they are refreshed at most every
-# HEADROOM_INTERVAL_S; with fewer (cheap, and where bursts come and go between scrapes) every step.
+# The headroom gauges rebuild a view of every queued request, for gauges scraped seconds apart: per
+# step that is a measurable share of a CPU server's scheduler time (docs/perf.md), under a backlog
+# and even at a handful of requests (~0.07 ms of a ~35 ms decode step). So they are refreshed at most
+# every HEADROOM_INTERVAL_S, and at once when the queue or the batch changes size while at most
+# HEADROOM_EVERY_STEP requests queue (where bursts come and go between scrapes, and an idle server
+# must read 0 at once).
 HEADROOM_INTERVAL_S = 0.25
 HEADROOM_EVERY_STEP = 32
 
@@ -293,7 +298,8 @@ class RotaSchedMetrics:
         self.window = AttainmentWindow() if window is None else AttainmentWindow(window)
         self._headroom_failed = False
         self._paused = False  # inside unmetered(): finished() counts nothing
-        self._backlog_at = float("-inf")  # when the gauges last refreshed under a backlog
+        self._refreshed_at = float("-inf")  # when the headroom gauges last refreshed
+        self._refreshed_counts = (-1, -1)  # (queued, running) they were refreshed at
         for g in (self.vlt_max, self.waiting, self.lost_running):
             g.labels(self.rank).set(0)  # present from startup: "no load" is a value, not a gap
         for state in ("waiting", "rotary"):
@@ -305,35 +311,45 @@ class RotaSchedMetrics:
         for answer in SHORTAGE_ANSWERS:
             self.decode_shortages.labels(answer)
         self.recompute_ratio.labels(self.rank).set(0)
+        # What `update` advances every step, each series' labelled child bound once (`labels` takes
+        # a lock and a lookup per call): (series, stats key, the figures' count).
+        self._per_step: tuple[tuple[Any, str, Callable[[StepFigures], int]], ...] = (
+            *((getattr(self, name), name, attrgetter(f"stats.{name}")) for name in (
+                "rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
+                "duplex_steps", "prefills_alone", "chunk_room_rotations")),
+            (self.shortage_rotations, "shortage_rotations", lambda f: f.stats.shortages.get(SHORTAGE_ROTATED, 0)),
+            *((self.decode_shortages.labels(answer), f"shortages_{answer}",
+               lambda f, a=answer: f.stats.shortages.get(a, 0)) for answer in SHORTAGE_ANSWERS),
+            (self.prefetches.labels("started"), "prefetch_started", attrgetter("stats.prefetches")),
+            (self.prefetches.labels("hit"), "prefetch_hit", attrgetter("stats.prefetch_hits")),
+            (self.prefetches.labels("cancelled"), "prefetch_cancelled", attrgetter("stats.prefetch_cancelled")),
+            (self.kv_checks.labels("identical"), "kv_ok", attrgetter("stats.kv_verified")),
+            (self.kv_checks.labels("changed"), "kv_bad", attrgetter("stats.kv_mismatches")),
+            (self.kv_checks.labels("unverified"), "kv_skip", attrgetter("stats.kv_unverified")))
+        self._per_step_bytes: tuple[tuple[Any, str, Callable[[KvBytes], int]], ...] = ()  # with rotation on
+        self._gauge_values: dict[Any, float] = {}  # a gauge's last value: set again only when it moves
 
     def update(self, fig: StepFigures) -> None:
         """Advance counters by what changed since the last call (stats are plain ints)."""
-        s = fig.stats
-        for name in ("rotations_out", "resumes", "recompute_fallbacks", "sglang_retractions", "aborted_rotary",
-                     "duplex_steps", "prefills_alone", "chunk_room_rotations"):
-            self._advance(getattr(self, name), name, getattr(s, name))
-        self._advance(self.shortage_rotations, "shortage_rotations", s.shortages.get(SHORTAGE_ROTATED, 0))
-        for answer in SHORTAGE_ANSWERS:
-            self._advance(self.decode_shortages.labels(answer), f"shortages_{answer}", s.shortages.get(answer, 0))
-        self._advance(self.prefetches.labels("started"), "prefetch_started", s.prefetches)
-        self._advance(self.prefetches.labels("hit"), "prefetch_hit", s.prefetch_hits)
-        self._advance(self.prefetches.labels("cancelled"), "prefetch_cancelled", s.prefetch_cancelled)
-        self._advance(self.kv_checks.labels("identical"), "kv_ok", s.kv_verified)
-        self._advance(self.kv_checks.labels("changed"), "kv_bad", s.kv_mismatches)
-        self._advance(self.kv_checks.labels("unverified"), "kv_skip", s.kv_unverified)
+        for counter, key, count in self._per_step:
+            self._advance(counter, key, count(fig))
         kv = fig.kv_bytes
         if kv is not None:
-            self._advance(self.bytes_moved.labels("out"), "bytes_out", kv.out)
-            self._advance(self.bytes_moved.labels("eager_out"), "bytes_eager_out", kv.eager_out)
-            self._advance(self.bytes_moved.labels("in"), "bytes_in", kv.into)
-            self._advance(self.prefetch_bytes, "bytes_prefetched", kv.prefetched)
-        self.budget.set(fig.budget)
-        self.link.set(fig.link_bytes_per_s or 0.0)
-        self.rotary_requests.set(fig.rotary)
-        self.host_blocks_used.set(fig.host_blocks_used)
-        self.host_blocks_total.set(fig.host_blocks_total)
+            if not self._per_step_bytes:  # (without rotation these series stay absent)
+                self._per_step_bytes = (
+                    (self.bytes_moved.labels("out"), "bytes_out", attrgetter("out")),
+                    (self.bytes_moved.labels("eager_out"), "bytes_eager_out", attrgetter("eager_out")),
+                    (self.bytes_moved.labels("in"), "bytes_in", attrgetter("into")),
+                    (self.prefetch_bytes, "bytes_prefetched", attrgetter("prefetched")))
+            for counter, key, count in self._per_step_bytes:
+                self._advance(counter, key, count(kv))
+        self._set(self.budget, fig.budget)
+        self._set(self.link, fig.link_bytes_per_s or 0.0)
+        self._set(self.rotary_requests, fig.rotary)
+        self._set(self.host_blocks_used, fig.host_blocks_used)
+        self._set(self.host_blocks_total, fig.host_blocks_total)
         for cls, fmt, nbytes in fig.host_bytes:
-            self.host_bytes.labels(cls, fmt).set(nbytes)
+            self._set(self.host_bytes.labels(cls, fmt), nbytes)
         try:
             self._update_headroom(fig)
         except Exception:  # observability must never take the scheduler down; say so once
@@ -343,12 +359,12 @@ class RotaSchedMetrics:
 
     def _update_headroom(self, fig: StepFigures) -> None:
         now = time.monotonic()
-        if fig.queued > HEADROOM_EVERY_STEP:
-            if now - self._backlog_at < HEADROOM_INTERVAL_S:
-                return
-            self._backlog_at = now
-        else:
-            self._backlog_at = float("-inf")  # a backlog that forms later shows at once
+        counts = (fig.queued, fig.running)
+        if now - self._refreshed_at < HEADROOM_INTERVAL_S and (
+                counts == self._refreshed_counts or  # nothing came or went: the interval
+                min(fig.queued, self._refreshed_counts[0]) > HEADROOM_EVERY_STEP):  # a backlog stays
+            return
+        self._refreshed_at, self._refreshed_counts = now, counts
         h = headroom(fig.queue_views(), now, fig.vlt, fig.goodput)
         self.vlt_max.labels(self.rank).set(h.vlt_max_s)
         self.waiting.labels(self.rank).set(h.waiting)
@@ -386,6 +402,11 @@ class RotaSchedMetrics:
         for (c, slo), (met_n, judged) in self.window.attainment().items():
             self.recent_attainment.labels(self.rank, c, slo).set(met_n / judged)
             self.recent_judged.labels(self.rank, c, slo).set(judged)
+
+    def _set(self, gauge: Any, value: float) -> None:
+        if self._gauge_values.get(gauge) != value:
+            gauge.set(value)
+            self._gauge_values[gauge] = value
 
     def _advance(self, counter: Any, key: str, value: int) -> None:
         delta = value - self._seen.get(key, 0)

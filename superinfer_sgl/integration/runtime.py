@@ -125,7 +125,7 @@ class RotaSchedRuntime:
         waiting = watch.by_rid
         order = [waiting[rid] for rid in planner.admission_order(waiting.keys(), list(locks), decision)
                  if rid in waiting and rid not in held]
-        if self.cfg.prefetch:
+        if self.cfg.prefetch and self.store.entries:  # (nothing rotary: nothing to prefetch)
             rules = self.rules
             # the running batch's reserve after this step's outs left it (the same sum when none did)
             reserved = self._reserved if not out else sum(

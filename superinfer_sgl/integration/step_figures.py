@@ -46,6 +46,7 @@ class StepFigures:
     # class (EnginesByFormat), else one row ("all", the pool's format)
     host_bytes: tuple[tuple[str, str, int], ...]
     queued: int  # waiting and rotary requests: under a backlog the headroom gauges refresh less often
+    running: int  # the running batch's requests (the headroom gauges refresh when a count moves)
     queue_views: Callable[[], list[ReqView]]
     vlt: VltParams
     goodput: GoodputParams
@@ -58,8 +59,9 @@ def step_figures(sched: Any, engine: RotationEngine | None, clocks: Clocks, stor
     kv = None if engine is None else KvBytes(engine.bytes_out, engine.bytes_eager_out, engine.bytes_in,
                                              engine.bytes_prefetched)
     queued = len(sched.waiting_queue) + len(store.entries)
+    running = getattr(getattr(sched, "running_batch", None), "reqs", None) or ()
     return StepFigures(stats, budget, clocks.link_bytes_per_s, len(store.entries), used, total, kv,
-                       host_bytes(engine, used), queued,
+                       host_bytes(engine, used), queued, len(running),
                        lambda: queue_views(sched, clocks, store, clip), vlt,
                        GoodputParams(clocks.meter.costs, best_effort_wait_s))
 

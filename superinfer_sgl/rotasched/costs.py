@@ -85,11 +85,13 @@ class CostMeter:
         self._rotation = prior.rotation_s
         self._spread_sq = prior.step_cv ** 2  # running mean of (step / predicted - 1) ** 2
         self.observed = {"decode": 0, "prefill": 0, "rotation": 0}
+        self._costs: StepCosts | None = None  # `costs`, until the next observation moves it
 
     def _mix(self, kind: str, old: float, new: float) -> float:
         """The first observation of a kind replaces its prior; later ones move the mean."""
         seen = self.observed[kind]
         self.observed[kind] = seen + 1
+        self._costs = None
         return new if seen == 0 else old + self._a * (new - old)
 
     def _spread(self, seconds: float, predicted: float) -> None:
@@ -160,5 +162,8 @@ class CostMeter:
 
     @property
     def costs(self) -> StepCosts:
-        return StepCosts(self._per_token, max(0.0, self._line.intercept or 0.0), self._decode, self._rotation,
-                         math.sqrt(self._spread_sq))
+        """The measured costs (read several times a step: built once per observation)."""
+        if self._costs is None:
+            self._costs = StepCosts(self._per_token, max(0.0, self._line.intercept or 0.0), self._decode,
+                                    self._rotation, math.sqrt(self._spread_sq))
+        return self._costs
