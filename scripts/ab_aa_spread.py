@@ -4,17 +4,18 @@ Per run (one rate of one repeat): the twin's attainment minus stock's, in points
 group of ab.json files, how many runs, their RMS and largest |difference|: the noise a single run
 of the harness carries in that mode (e.g. interleaved vs --paired).
 
-    python scripts/ab_aa_spread.py --label interleaved results/ab_cpu_interleaved_aa/ab.json \
-        --label paired results/ab_cpu_paired_aa/ab.json
+    python scripts/ab_aa_spread.py --label interleaved results/ab_cpu_interleaved_aa/ab.json.gz \
+        --label paired results/ab_cpu_paired_aa/ab.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
+
+from superinfer_sgl.bench import abfile
 
 METRICS = ("joint_attainment", "ttft_attainment")
 
@@ -40,12 +41,12 @@ def main() -> int:
             label, i = argv[i + 1], i + 2
             continue
         path = Path(argv[i])
-        groups.setdefault(label, []).append(path / "ab.json" if path.is_dir() else path)
+        groups.setdefault(label, []).append(abfile.find(path))  # a folder's ab.json or ab.json.gz
         i += 1
     if not groups:
         ap.error("no ab.json given")
     for name, paths in groups.items():
-        docs = [json.loads(p.read_text()) for p in paths]
+        docs = [abfile.read_json(p) for p in paths]
         parts = []
         for metric in METRICS:
             diffs = [d for doc in docs for d in aa_differences(doc, metric)]

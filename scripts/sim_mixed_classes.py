@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 
+from superinfer_sgl.bench import abfile
 from superinfer_sgl.bench.profiles import PROFILES
 from superinfer_sgl.bench.prompts import priority_by_ttft
 from superinfer_sgl.bench.workloads import (
@@ -37,7 +38,7 @@ from superinfer_sgl.sim.profile import resolve_profile
 from superinfer_sgl.sim.validate import DEFAULT_PROFILE, scaled, speed_scales, system_config
 from superinfer_sgl.sim.workload import RequestSpec, Workload
 
-AB = Path("results/ab_cpu_paired_mixed/ab.json")
+AB = Path("results/ab_cpu_paired_mixed/ab.json.gz")
 # name -> (the A/B server whose launch flags it runs with, simulator policy)
 SYSTEMS = {"sglang": ("sglang", "sglang"), "sglang-priority": ("sglang-priority", "sglang-priority"),
            "superinfer": ("superinfer", "goodput")}
@@ -122,7 +123,7 @@ def main() -> int:
                     help="spread of single steps (SimConfig.step_jitter); default: as measured in the A/B's "
                          "step log of our server (drift included: no speed trace is replayed here); 0: none")
     a = ap.parse_args()
-    doc = json.loads(a.ab.read_text())
+    doc = abfile.read_json(a.ab)
     cfg = doc["config"]
     cal = doc.get("calibration") or {}
     base = resolve_profile(DEFAULT_PROFILE)

@@ -6,11 +6,11 @@ rate: {"rate", "offered_rate", "summary": {...}, "counters": {...}, ...}.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import abfile
 from .metrics import max_rate_meeting
 
 Results = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -398,7 +398,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 def rereport(out_dir: Path) -> dict[str, Any]:
     """Recompute the differences, table.md and (runs with repeats or pairs) the pooled plot of a
     finished run from its ab.json (the statistics or the report changed; no server is started)."""
-    doc = json.loads((out_dir / "ab.json").read_text())
+    path = abfile.find(out_dir)  # ab.json, or ab.json.gz: written back under the same name
+    doc = abfile.read_json(path)
     results = {k: v for k, v in doc["results"].items() if v}
     cfg = doc["config"]
     pairs = [tuple(p) for p in cfg.get("pairs") or ()]
@@ -411,8 +412,6 @@ def rereport(out_dir: Path) -> dict[str, Any]:
         title = f"{cfg['profile']} / {cfg['workload']}: {cfg['machine'].get('cpu', '')} (pooled over " \
                 f"{cfg.get('repeats', 1)} repeat(s){', paired' if cfg.get('pairs') else ''})"
         plot(pooled_results(results), out_dir / "attainment.png", title)
-    tmp = out_dir / "ab.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    tmp.replace(out_dir / "ab.json")
+    abfile.write_json(path, doc)
     (out_dir / "table.md").write_text(render_markdown(doc))
     return doc

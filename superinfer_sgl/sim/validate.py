@@ -68,7 +68,7 @@ def find_ab(path: Path) -> Path:
             path = path / abfile.PLAIN
     if path.exists():
         return path
-    candidates = sorted(path.parent.glob(path.stem + "*/ab.json"))
+    candidates = sorted(c for name in (abfile.PLAIN, abfile.GZIP) for c in path.parent.glob(f"{path.stem}*/{name}"))
     if candidates:
         return candidates[0]
     raise FileNotFoundError(f"no A/B results at {path} (nor {path.parent}/{path.stem}*/ab.json)")
