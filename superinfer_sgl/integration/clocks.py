@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import Any
 
 from ..config import SuperInferConfig
 from ..rotasched import DEFAULT_CLASSES, ReqState, Slo, SloClasses, SloError, resolve_slo
 from ..rotasched import planner
-from ..rotasched.clock import ReqClock
+from ..rotasched.clock import ReqClock, observe_outputs
 from ..rotasched.costs import CostMeter
 from ..rotasched.goodput import StepCosts
 from .http_slo import intake_delay_s
@@ -26,6 +27,7 @@ from .views import same_objects
 CPU_ROTATION_S_PRIOR = 0.058
 MAX_MEASURED_STEP_S = 5.0  # a longer gap between iterations is an idle turn, not a step
 _RUNNING, _WAITING = ReqState.RUNNING, ReqState.WAITING  # enum class lookups are slow per request
+_OUTPUT_IDS = attrgetter("output_ids")
 
 
 def step_prior(on_cpu: bool) -> StepCosts:
@@ -75,8 +77,8 @@ class Clocks:
         else:
             found = [clocks.get(req.rid) or self.clock(req, now) for req in running]
             self._running, self._running_clocks = list(running), found
-        for req, clk in zip(running, found):
-            clk.observe_outputs(len(req.output_ids), now)
+        observe_outputs(zip(found, map(len, map(_OUTPUT_IDS, running))), now)
+        for clk in found:
             if clk.state is not _RUNNING:  # (set_state keeps a running stint's start)
                 clk.set_state(_RUNNING, now)
         for req in waiting:

@@ -7,6 +7,7 @@ changes); it never looks at SGLang objects itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .slo import Slo
@@ -46,23 +47,7 @@ class ReqClock:
         Several tokens seen at once (e.g. a skipped observation) count as one gap for the first
         and zero-length gaps for the rest, which is what a streaming client sees.
         """
-        new = n_out - self.outputs_seen
-        if new <= 0:
-            return
-        if self.first_token is None:
-            self.first_token = now
-            self.version += 1
-        else:
-            gap = now - (self.last_token if self.last_token is not None else now)
-            self.gaps += 1
-            if gap > self.max_gap:
-                self.max_gap = gap
-            if gap * 1000.0 > self.slo.tbt_ms:
-                self.gaps_missed += 1
-                self.version += 1
-        self.gaps += new - 1  # tokens that arrived together: zero-length gaps
-        self.last_token = now
-        self.outputs_seen = n_out
+        observe_outputs(((self, n_out),), now)
 
     def misses_left(self, outputs_left: int) -> int:
         """Gaps this request may still miss and meet its TBT SLO, if it produces `outputs_left`
@@ -109,3 +94,28 @@ class ReqClock:
             "superinfer_tbt_slo_met": self.tbt_met,
             "superinfer_tbt_gaps_met_share": self.tbt_share_met,
         }
+
+
+def observe_outputs(seen: Iterable[tuple[ReqClock, int]], now: float) -> None:
+    """`ReqClock.observe_outputs` of each (clock, outputs so far) in `seen`, all at `now`: the
+    server observes every running request every step, so the rule runs in one loop rather than
+    a method call per request."""
+    for clk, n_out in seen:
+        new = n_out - clk.outputs_seen
+        if new <= 0:
+            continue
+        if clk.first_token is None:
+            clk.first_token = now
+            clk.version += 1
+            clk.gaps += new - 1  # tokens that arrived together: zero-length gaps
+        else:
+            last = clk.last_token
+            gap = 0.0 if last is None else now - last
+            clk.gaps += new  # this gap, and zero-length ones for tokens that arrived together
+            if gap > clk.max_gap:
+                clk.max_gap = gap
+            if gap * 1000.0 > clk.slo.tbt_ms:
+                clk.gaps_missed += 1
+                clk.version += 1
+        clk.last_token = now
+        clk.outputs_seen = n_out

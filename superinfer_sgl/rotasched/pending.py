@@ -42,15 +42,28 @@ R = TypeVar("R", bound=tuple)
 def sorted_runs(rows: Iterable[R]) -> Iterator[R]:
     """Ranked rows (tier, key, arrival, rid, ...) whose (tier, key) never decreases, in full row
     order: each run of equal (tier, key) sorted by arrival, then rid. A book's order (a deadline,
-    an arrival) makes keys non-decreasing, but two different deadlines may round to one key."""
-    run: list[R] = []
-    for row in rows:
-        if run and (row[0], row[1]) != (run[0][0], run[0][1]):
+    an arrival) makes keys non-decreasing, but two different deadlines may round to one key.
+    (Every row the policy reads passes here: a run of one, the common case, is not sorted.)"""
+    it = iter(rows)
+    for first in it:
+        break
+    else:
+        return
+    tier, key = first[0], first[1]
+    run: list[R] = [first]
+    for row in it:
+        if row[1] == key and row[0] == tier:
+            run.append(row)
+            continue
+        if len(run) == 1:
+            yield run[0]
+        else:
             run.sort()
             yield from run
-            run = []
-        run.append(row)
-    run.sort()
+        run = [row]
+        tier, key = row[0], row[1]
+    if len(run) > 1:
+        run.sort()
     yield from run
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from superinfer_sgl.rotasched import ReqState, ReqView, VltParams, goodput, lvf
 from superinfer_sgl.rotasched.goodput import GoodputLvf, GoodputParams, StepCosts
-from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
+from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue, sorted_runs
 from superinfer_sgl.rotasched.policy import PAPER
 
 NOW = 1000.0
@@ -141,6 +141,18 @@ def _tie() -> tuple[ReqView, ReqView]:
                 return mk("late", a1, t1), mk("early", a2, t2)
             t2 = math.nextafter(t2, math.inf)
     raise AssertionError("no rounding tie found")
+
+
+_rows = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.floats(0, 10),
+                           st.text("ab", max_size=2)), max_size=25)
+
+
+@given(_rows)
+def test_sorted_runs_is_the_full_sort_of_rows_in_key_order(rows: list[tuple[int, float, float, str]]) -> None:
+    """Rows whose (tier, key) never decreases come out in full row order, every tie by arrival,
+    then rid (runs of one and of many alike)."""
+    rows.sort(key=lambda r: (r[0], r[1]))  # (tier, key) non-decreasing; ties in any order
+    assert list(sorted_runs(iter(rows))) == sorted(rows)
 
 
 def test_equal_keys_of_different_deadlines_go_by_arrival() -> None:
