@@ -1,9 +1,11 @@
-"""Clocks and costs: every request's SLO clock (`rotasched.clock.ReqClock`), and the step costs the
+"""Clocks and costs: every request's SLO clock (`rotasched.clock.ReqClock`), the step costs the
 server measures as it runs (`rotasched.costs.CostMeter`), with what follows from them: the rotation
-quantum (`min_stint_s`) and the auto rotation budget.
+quantum (`min_stint_s`) and the auto rotation budget, and the share of max_new_tokens that
+requests which may stop at EOS decode (`rotasched.output_share.OutputShare`).
 
-It reads of SGLang's requests only their rid, output count and `custom_params`, and of a finished
-batch its forward mode and token counts.
+It reads of SGLang's requests only their rid, output count, `custom_params`, and at the end their
+`ignore_eos`, `max_new_tokens` and finish reason, and of a finished batch its forward mode and
+token counts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ..rotasched import planner
 from ..rotasched.clock import ReqClock, observe_outputs
 from ..rotasched.costs import CostMeter
 from ..rotasched.goodput import StepCosts
+from ..rotasched.output_share import OutputShare
+from ..rotasched.views import CLIP_MAX_NEW_TOKENS
 from .http_slo import intake_delay_s
 from .views import same_objects
 
@@ -38,14 +42,17 @@ def step_prior(on_cpu: bool) -> StepCosts:
 class Clocks:
     """`by_rid`: rid -> clock of every request the scheduler has seen and not yet let go;
     `meter`: the measured step costs (from `prior` until a step of each kind is timed);
-    `link_bytes_per_s`: the KV link's speed measured at startup (None: not measured)."""
+    `link_bytes_per_s`: the KV link's speed measured at startup (None: not measured);
+    `outputs`: the share of their max_new_tokens that finished requests of unknown length decoded
+    (`clip`: SGLang's decode reserve clip)."""
 
     def __init__(self, cfg: SuperInferConfig, prior: StepCosts, *, pool_tokens: int = 0,
-                 link_bytes_per_s: float | None = None) -> None:
+                 link_bytes_per_s: float | None = None, clip: int = CLIP_MAX_NEW_TOKENS) -> None:
         self.default_slo = Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms)
         self.classes = SloClasses.parse(cfg.slo_classes or DEFAULT_CLASSES, default=self.default_slo)
         self.by_rid: dict[str, ReqClock] = {}
         self.meter = CostMeter(prior)
+        self.outputs = OutputShare(clip)
         self.link_bytes_per_s = link_bytes_per_s
         self._cfg, self._pool_tokens = cfg, pool_tokens
         self._last_step_t: float | None = None
@@ -90,12 +97,18 @@ class Clocks:
             clk.observe_outputs(len(req.output_ids), now)
             clk.set_state(_WAITING, now)
 
-    def finish(self, req: Any, now: float) -> ReqClock | None:
-        """The clock of a request that ended, its last outputs observed (None: never seen)."""
+    def finish(self, req: Any, now: float, client: bool = True) -> ReqClock | None:
+        """The clock of a request that ended, its last outputs observed (None: never seen); one
+        that could stop at EOS teaches `outputs` its share, unless it was aborted or no client sent
+        it (`client` False: a health probe, the warm-up)."""
         clk = self.by_rid.pop(req.rid, None)
         self._running = []
+        outputs = len(req.output_ids)
         if clk is not None:
-            clk.observe_outputs(len(req.output_ids), now)
+            clk.observe_outputs(outputs, now)
+        params = req.sampling_params
+        if client and not params.ignore_eos and params.max_new_tokens is not None and not _aborted(req):
+            self.outputs.observe(outputs, params.max_new_tokens)
         return clk
 
     def drop(self, match: Callable[[str], bool]) -> list[str]:
@@ -140,3 +153,11 @@ class Clocks:
             tokens = int(getattr(last, "extend_num_tokens", 0) or 0) - rows
             if tokens > 0:
                 self.meter.observe_step(now - start, tokens, rows, alone is not None and last is alone)
+
+
+def _aborted(req: Any) -> bool:
+    """Its finish reason is SGLang's abort (a client's, or a rejected request): its outputs say
+    nothing about where it would have stopped."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return isinstance(getattr(req, "finished_reason", None), FINISH_ABORT)

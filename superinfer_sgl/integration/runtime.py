@@ -28,6 +28,7 @@ from ..rotasched.views import CLIP_MAX_NEW_TOKENS, ViewRules
 from . import chunk_room, rotation
 from . import views as req_views
 from .clocks import Clocks, step_prior
+from .metrics import metered
 from .prefetch import Prefetcher
 from .rotary_store import RotaryStore, abort_match
 from .rotation import RotationStats
@@ -51,7 +52,7 @@ class RotaSchedRuntime:
         self.emit_late = on_cpu and bool(getattr(sched, "enable_overlap", False))  # docs/sim.md: result lag
         self.eager_sync = cfg.eager_sync if cfg.eager_sync is not None else not on_cpu  # config.py
         self.clocks = Clocks(cfg, step_prior(on_cpu), pool_tokens=getattr(sched, "max_total_num_tokens", 0),
-                             link_bytes_per_s=link_bytes_per_s)
+                             link_bytes_per_s=link_bytes_per_s, clip=clip)
         self.stats = RotationStats()
         self.store = RotaryStore(sched, engine, self.stats, verify=cfg.verify_rotation)
         self.budget = self.clocks.rotation_budget(None)  # B_xfer: the paper's until a step is measured
@@ -163,7 +164,7 @@ class RotaSchedRuntime:
         """The --policy for this step, with the step costs measured so far."""
         return self.policy_class.for_step(lambda: GoodputParams(
             self.clocks.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late,
-            self.cfg.ttft_shedding))
+            self.cfg.ttft_shedding, self.clocks.outputs.share))
 
     def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
@@ -295,7 +296,7 @@ class RotaSchedRuntime:
 
     def on_finished(self, req: Any) -> dict[str, object] | None:
         self.store.forget_kv([req])
-        clk = self.clocks.finish(req, time.monotonic())
+        clk = self.clocks.finish(req, time.monotonic(), metered(req))
         if clk is None:
             return None
         if self.metrics is not None:

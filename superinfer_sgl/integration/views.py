@@ -32,17 +32,6 @@ def _left(req: Any) -> int:
     return req.sampling_params.max_new_tokens - len(req.output_ids)
 
 
-def _ratio(sched: Any, req: Any) -> float:
-    """SGLang's new-token ratio for this request's reserve (1 when it ignores EOS)."""
-    return 1.0 if req.sampling_params.ignore_eos else sched.new_token_ratio_tracker.current
-
-
-def reserve(sched: Any, req: Any, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """SGLang's decode reserve of one request admitted now (its remaining outputs x the new-token
-    ratio): a waiting or rotary candidate's."""
-    return rules_.reserve_tokens(_left(req), _ratio(sched, req), clip)
-
-
 def running_reserve(sched: Any, req: Any, share: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
     """A running request's decode reserve: `share` of its remaining outputs when it is fixed-length
     (rotasched.views.running_reserve_ratio; SGLang's PrefillAdder applies the same rule: hooks.py)."""
@@ -62,10 +51,11 @@ def extend_tokens(req: Any, restored: bool) -> int:
 
 
 def waiting_need(sched: Any, req: Any, restored: bool, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """Device tokens a waiting request needs to be admitted now (rotasched.views.waiting_need)."""
+    """Device tokens a waiting request needs to be admitted now (rotasched.views.waiting_need, at
+    SGLang's admission ratio: all its remaining outputs)."""
     out = len(req.output_ids)
     return rules_.waiting_need(len(req.origin_input_ids), out, resident(req, restored),
-                               req.sampling_params.max_new_tokens - out, _ratio(sched, req), clip)
+                               req.sampling_params.max_new_tokens - out, rules_.ADMISSION_RATIO, clip)
 
 
 def free_blocks(sched: Any, also_free_tokens: int, reserved: float, block_tokens: int) -> int:
@@ -120,10 +110,10 @@ def view(clk: ReqClock, req: Any, state: ReqState, need: int, held: int, can_rot
     return rules_.view(clk, state, need, held, can_rotate, prefill_tokens, _left(req), clip)
 
 
-def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool, sglang_ratio: float) -> ReqView:
-    ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
+def waiting_view(rules: ViewRules, clk: ReqClock, req: Any, restored: bool) -> ReqView:
+    """A waiting request's view, its need at SGLang's admission ratio (rotasched.views.ADMISSION_RATIO)."""
     return rules.waiting(clk, len(req.origin_input_ids), len(req.output_ids), resident(req, restored),
-                         _left(req), ratio, req.sampling_params.ignore_eos)
+                         _left(req), rules_.ADMISSION_RATIO, req.sampling_params.ignore_eos)
 
 
 def same_objects(a: list[Any], b: list[Any]) -> bool:
@@ -214,7 +204,7 @@ class StepViews:
         self.watch = QueueWatch()
         self.pending = PendingIndex()
         self._filed: dict[str, tuple[object, ...]] = {}  # rid -> key of its view in `pending`
-        self._ratio: float | None = None
+        self._stale = True  # file every waiting and rotary request again at the next sync
         self._restored: frozenset[str] = frozenset()
         self._rotary_ids: list[int] = []
         self._rotary_rids: list[str] = []
@@ -224,7 +214,7 @@ class StepViews:
     def reset(self) -> None:
         """Look at every request again next step (clocks were dropped: aborts)."""
         self.watch.reset()
-        self.pending, self._filed, self._ratio = PendingIndex(), {}, None
+        self.pending, self._filed, self._stale = PendingIndex(), {}, True
         self._live, self._hits = [], []
         if self.cache is not None:
             self.cache = {}
@@ -245,11 +235,11 @@ class StepViews:
                 built = self._build_running(sched, req, clocks[req.rid], young, sglang_ratio)
                 running.append(built.view)
                 reserved += built.reserve
-            pending = PendingIndex(view for _, (_, view) in self._pending(sched, clocks, restored, rotary,
-                                                                          sglang_ratio, sched.waiting_queue, rotary))
+            pending = PendingIndex(view for _, (_, view) in self._pending(clocks, restored, sched.waiting_queue,
+                                                                          rotary))
             return StepQueue(running, pending), reserved
         running, reserved, tokens = self._running(sched, live, clocks, young, sglang_ratio)
-        self._sync(sched, clocks, restored, rotary, sglang_ratio)
+        self._sync(sched, clocks, restored, rotary)
         # Each running view holds blocks(its tokens + its reserve) >= that over the block size; the
         # float sums' rounding is far inside the margin of one block and a relative 1e-9.
         floor = max(0, int((tokens + reserved) / self.rules.block_tokens * (1.0 - 1e-9)) - 1)
@@ -323,15 +313,14 @@ class StepViews:
         ratio = rules.running_share if fixed else sglang_ratio
         start = clk.run_start
         can = start is not None and start <= young and rotatable(sched, req)
-        return _Running(clk, clk.version, rules.running(clk, req.seqlen, left, ratio, can), len(req.origin_input_ids),
+        return _Running(clk, clk.version, rules.running(clk, req.seqlen, left, ratio, can, fixed), len(req.origin_input_ids),
                         req.sampling_params.max_new_tokens, fixed, req, rules_.reserve_tokens(left, ratio, rules.clip))
 
-    def _sync(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any],
-              ratio: float) -> None:
+    def _sync(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any]) -> None:
         """Bring the pending index up to the queue and the rotary set: drop who left, file who came
         or changed."""
         back = frozenset(restored)
-        every = ratio != self._ratio or back != self._restored
+        every = self._stale or back != self._restored
         rotary_ids = list(map(id, rotary.values()))
         rotary_moved = every or rotary_ids != self._rotary_ids
         watch = self.watch
@@ -346,16 +335,14 @@ class StepViews:
             if rid in filed and rid not in queued and rid not in rotary:
                 del filed[rid]
                 pending.drop(rid)
-        self._ratio, self._restored, self._rotary_ids = ratio, back, rotary_ids
+        self._stale, self._restored, self._rotary_ids = False, back, rotary_ids
         self._rotary_rids = list(rotary)
         waiting = sched.waiting_queue if every else new
-        for rid, (key, view) in self._pending(sched, clocks, back, rotary, ratio, waiting,
-                                               rotary if rotary_moved else {}):
+        for rid, (key, view) in self._pending(clocks, back, waiting, rotary if rotary_moved else {}):
             filed[rid] = key
             pending.put(view)
 
-    def _pending(self, sched: Any, clocks: dict[str, ReqClock], restored: Any, rotary: dict[str, Any],
-                 sglang_ratio: float, waiting: Any, rotary_now: dict[str, Any]
+    def _pending(self, clocks: dict[str, ReqClock], restored: Any, waiting: Any, rotary_now: dict[str, Any]
                  ) -> Iterator[tuple[str, tuple[tuple[object, ...], ReqView]]]:
         """(rid, (key, view)) of the `waiting` requests and the `rotary_now` entries whose key differs
         from the one filed (every one for the reference, `reuse=False`)."""
@@ -363,16 +350,14 @@ class StepViews:
         for req in waiting:
             rid = req.rid
             clk, back = clocks[rid], rid in restored
-            ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
-            key = (clk, _WAIT, len(req.output_ids), back, ratio)
+            key = (clk, _WAIT, len(req.output_ids), back)
             if fresh or filed.get(rid) != key:
-                yield rid, (key, waiting_view(rules, clk, req, back, sglang_ratio))
+                yield rid, (key, waiting_view(rules, clk, req, back))
         for rid, entry in rotary_now.items():
             clk, req, host = clocks[rid], entry.req, entry.host_kv.num_tokens
-            ratio = 1.0 if req.sampling_params.ignore_eos else sglang_ratio
-            key = (clk, _ROT, len(req.output_ids), host, ratio)
+            key = (clk, _ROT, len(req.output_ids), host)
             if fresh or filed.get(rid) != key:
-                yield rid, (key, rules.rotary(clk, host, _left(req), ratio))
+                yield rid, (key, rules.rotary(clk, host, _left(req), rules_.ADMISSION_RATIO))
 
 
 _RUN, _WAIT, _ROT = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTARY

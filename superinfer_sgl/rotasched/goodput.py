@@ -16,8 +16,9 @@ scale but ranks by what a request can still gain:
   `max_best_effort_wait_s` (the starvation bound: from then on it is first in line for memory).
 - shed: viable by itself, but not beside the viable requests ahead of it: when the deadline-first
   walk of the viable waiting requests reaches one that would miss its TTFT behind the work
-  already kept ahead, the kept request with the most work per unit of class weight (prompt plus,
-  where its length is known, its decoding's share of the device) leaves the viable tier for
+  already kept ahead, the kept request with the most work per unit of class weight (prompt plus
+  its decoding's share of the device: its outputs where its length is known, else the share of
+  them that finished requests of unknown length decoded) leaves the viable tier for
   best-effort (rotasched/shedding.py: Moore and Hodgson's rule, which keeps the most jobs on time
   on one machine; --ttft-shedding).
 Within the other tiers, earliest deadline first (`rank_key`: the slack of the SLO clock that is
@@ -60,6 +61,7 @@ from superinfer_sgl.rotasched.step_size import (
     prefill_cap,
     prefill_time_s,
     protected,
+    spare_misses,
 )
 from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
@@ -78,10 +80,16 @@ class GoodputParams:
     # prefill ended last step gets its first token when this step ends (`deadline_budget`).
     emit_after_next_step: bool = False
     ttft_shedding: bool = True  # `shed` (--ttft-shedding)
+    # The share of its outputs left that a request which may stop at EOS is expected to decode
+    # (`rotasched.output_share.OutputShare`, learned from finished requests): what `shed` counts
+    # for one not yet started. 0: its prompt only.
+    eos_output_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.max_best_effort_wait_s > 0):  # inf allowed: no promotion
             raise ValueError(f"max_best_effort_wait_s must be > 0, got {self.max_best_effort_wait_s}")
+        if not (0.0 <= self.eos_output_share <= 1.0):
+            raise ValueError(f"eos_output_share must be in [0, 1], got {self.eos_output_share}")
 
 
 def lost(view: ReqView) -> bool:
@@ -150,9 +158,9 @@ def victim_key(view: ReqView, stint_s: float) -> tuple[float, float] | None:
 
 def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
     """The stall a rotation adds to the next step keeps every viable running request that has no
-    gap to spare within its TBT SLO."""
+    gap to spare (`spare_misses`) within its TBT SLO."""
     gap = costs.decode_step_s + costs.rotation_s
-    return all(gap <= v.tbt_slo for v in running if v.misses_left == 0 and not lost(v))
+    return all(gap <= v.tbt_slo for v in running if spare_misses(v) == 0 and not lost(v))
 
 
 def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, gp: GoodputParams,
@@ -231,7 +239,8 @@ class GoodputLvf:
         if params.ttft_shedding:
             fresh = sorted((rank_key(v, now), v.arrival, v.rid, v) for v, t in zip(views, tiers)
                            if t == VIABLE and v.last_token is None)
-            dropped = shed((row[3] for row in fresh), now, params.costs, chunk, self.decode_share_s, SHED_WINDOW)
+            dropped = shed((row[3] for row in fresh), now, params.costs, chunk, self.decode_share_s, SHED_WINDOW,
+                           params.eos_output_share)
             tiers = [BEST_EFFORT if v.rid in dropped else t for v, t in zip(views, tiers)]
         return tiers, [rank_key(v, now, t) for v, t in zip(views, tiers)]
 
@@ -323,7 +332,7 @@ class GoodputLvf:
                 fresh.append(view)
                 if len(fresh) == SHED_WINDOW:
                     break
-        return shed(fresh, now, costs, chunk, self.decode_share_s, SHED_WINDOW)
+        return shed(fresh, now, costs, chunk, self.decode_share_s, SHED_WINDOW, self.params.eos_output_share)
 
     def batched(self, running: list[ReqView]) -> GoodputLvf:
         """`shed`'s decode share for a running batch of `running`: a decode step's time over its

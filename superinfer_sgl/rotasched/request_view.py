@@ -52,7 +52,8 @@ class ReqView:
     # its decode reserve (4096): past that a server cannot tell long from unbounded.
     outputs_left: int = 0
     # `outputs_left` is exact (a fixed-length, ignore_eos request), not an upper bound: what the
-    # goodput policy's TTFT shedding may count as the request's decode work (goodput.shed).
+    # goodput policy's TTFT shedding may count as the request's decode work (goodput.shed), and
+    # whether its gap budget `misses_left` may be counted on (step_size.spare_misses).
     outputs_known: bool = False
 
     def __init__(

@@ -24,8 +24,14 @@ from superinfer_sgl.rotasched.step_size import prefill_time_s
 SHED_WINDOW = 64
 
 
+def expected_outputs(view: ReqView, eos_share: float) -> float:
+    """The outputs `shed` counts for a waiting request: its outputs left where known, else
+    `eos_share` of their bound."""
+    return view.outputs_left if view.outputs_known else eos_share * view.outputs_left
+
+
 def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | None, decode_share_s: float,
-         window: int) -> set[str]:
+         window: int, eos_share: float = 0.0) -> set[str]:
     """The rids of the viable waiting requests without a first token (`views`, earliest deadline
     first, the first `window` read) that leave the viable tier so that more of the others get their
     first token in time. Walking them in order, each kept one adds its prompt to the prefill ahead
@@ -34,12 +40,14 @@ def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | No
     when one would miss its deadline behind the work kept so far, the kept request with the most
     work per unit of its class weight (itself, possibly) is dropped (Moore and Hodgson's rule; the
     weight, as everywhere in the policy, says who wins when not everyone can). A request of unknown
-    length counts its prompt only: its `outputs_left` is only the bound max_new_tokens sets."""
+    length (one that may stop at EOS: its `outputs_left` is only the bound max_new_tokens sets)
+    counts `eos_share` of that bound (`rotasched.output_share`; 0: its prompt only)."""
     out: set[str] = set()
     kept: list[tuple[float, int, ReqView]] = []  # heap: the most work per weight first, then the latest deadline
-    tokens = outputs = 0
+    tokens = 0
+    outputs: float = 0
     for i, v in enumerate(itertools.islice(views, window)):
-        known = v.outputs_left if v.outputs_known else 0
+        known = expected_outputs(v, eos_share)
         tokens += v.prefill_tokens
         outputs += known
         work = costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known
@@ -48,6 +56,6 @@ def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | No
         if first > v.arrival + v.ttft_slo:
             big = heapq.heappop(kept)[2]
             tokens -= big.prefill_tokens
-            outputs -= big.outputs_left if big.outputs_known else 0
+            outputs -= expected_outputs(big, eos_share)
             out.add(big.rid)
     return out

@@ -41,14 +41,23 @@ def prefill_time_s(tokens: int, costs: StepCosts, chunk: int | None) -> float:
     return steps * costs.prefill_base_s + (steps - 1) * costs.decode_step_s + costs.prefill_s_per_token * tokens
 
 
+def spare_misses(view: ReqView) -> int:
+    """Gaps a running request can surely still miss and meet its TBT SLO: its budget
+    (`ReqView.misses_left`) where its length is known; none where it may stop at EOS, since that
+    budget counts gaps up to its max_new_tokens that it may never have (it may end at its next
+    token: counted against the bound, a request asking for 1,024 tokens and ending at 100 looked
+    free to miss ~100 gaps, and its TBT went to big prefills). Negative: its TBT is lost."""
+    return view.misses_left if view.outputs_known or view.misses_left < 0 else 0
+
+
 def protected(views: list[ReqView], costs: StepCosts) -> list[ReqView]:
     """The running requests a capped step protects: viable, first token met, at most SPARE_MISSES
-    gaps left to miss, and a TBT SLO that a step of MIN_PREFILL_CHUNK prefill tokens keeps. Where
+    gaps left to miss (`spare_misses`), and a TBT SLO that a step of MIN_PREFILL_CHUNK prefill tokens keeps. Where
     even that step takes longer than the SLO (a saturated CPU, docs/results.md), chunking the
     prefills would only add steps, each one a missed gap and a later first token."""
     floor = costs.decode_step_s + costs.prefill_base_s + MIN_PREFILL_CHUNK * costs.prefill_s_per_token
     return [v for v in views if v.state is _RUNNING and v.ttft_met is True
-            and 0 <= v.misses_left <= SPARE_MISSES and v.tbt_slo >= floor]
+            and 0 <= spare_misses(v) <= SPARE_MISSES and v.tbt_slo >= floor]
 
 
 def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:

@@ -18,6 +18,12 @@ from superinfer_sgl.rotasched.request_view import ReqState, ReqView
 # SGLang's SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION default: the decode reserve clips outputs here.
 CLIP_MAX_NEW_TOKENS = 4096
 _WAITING, _RUNNING, _ROTARY = ReqState.WAITING, ReqState.RUNNING, ReqState.ROTARY
+# SGLang's PrefillAdder admits a waiting request (a resumed one re-admitted too) against all its
+# remaining outputs, clipped, whatever the new-token ratio (`add_one_req`): the ratio discounts
+# only the reserves of requests already running. A candidate's need is counted at this ratio; at
+# SGLang's decayed ratio, resumes of requests that may stop at EOS were planned that its adder then
+# refused, and in the simulator their restored KV filled the pool with nothing left running.
+ADMISSION_RATIO = 1.0
 
 
 def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
@@ -103,11 +109,13 @@ class ViewRules:
     def running_reserve(self, outputs_left: int, ignore_eos: bool, sglang_ratio: float) -> float:
         return reserve_tokens(outputs_left, self.running_ratio(ignore_eos, sglang_ratio), self.clip)
 
-    def running(self, clk: ReqClock, seqlen: int, outputs_left: int, ratio: float, rotatable: bool) -> ReqView:
+    def running(self, clk: ReqClock, seqlen: int, outputs_left: int, ratio: float, rotatable: bool,
+                fixed: bool = False) -> ReqView:
         """A running request: it holds its KV (`seqlen` tokens) and its decode reserve at `ratio`
-        (`running_ratio`)."""
+        (`running_ratio`); `fixed`: it ignores EOS (its outputs left, and so its gap budget, are
+        exact)."""
         held = blocks(seqlen + reserve_tokens(outputs_left, ratio, self.clip), self.block_tokens)
-        return view(clk, _RUNNING, 0, held, rotatable, 0, outputs_left, self.clip)
+        return view(clk, _RUNNING, 0, held, rotatable, 0, outputs_left, self.clip, fixed)
 
     def waiting(self, clk: ReqClock, prompt: int, outputs: int, resident: int, outputs_left: int,
                 ratio: float, fixed: bool = False) -> ReqView:

@@ -161,6 +161,9 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    help="goodput policy: the profile's exact step costs instead of what the server's "
                           "CostMeter learns from the simulated steps (the default, as the server does)")
     p.add_argument("--no-ignore-eos", action="store_true", help="reserve with SGLang's new-token ratio")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="with --no-ignore-eos: every request asks for up to this many tokens (or its trace "
+                        "length, where longer) and stops at EOS after its trace length (default: exactly it)")
     p.add_argument("--running-reserve", type=float, default=None,
                    help="our policies: the decode reserve a running fixed-length request keeps, as a share of "
                         "its remaining outputs (the server's --running-reserve; default: the policy's)")
@@ -174,7 +177,7 @@ def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
                a.budget_blocks, a.kv_tokens, a.lookahead, a.mixed_chunk, not a.no_ignore_eos,
                a.min_stint_s, tuple(a.vlt), a.max_best_effort_wait_s, a.step_jitter,
                measured_costs=not a.profile_costs, running_reserve=a.running_reserve, mix_prefill=a.mix_prefill,
-               ttft_shedding=a.ttft_shedding)
+               ttft_shedding=a.ttft_shedding, max_new_tokens=a.max_new_tokens)
 
 
 def _capacity(a: argparse.Namespace) -> None:
@@ -250,7 +253,10 @@ def _check_inputs(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             if name is not None:
                 resolve_profile(name)
         if a.cmd in ("run", "capacity"):
-            build_workload(a.workload, a.rate if a.cmd == "run" else a.lo, a.duration, a.seed)
+            wl = build_workload(a.workload, a.rate if a.cmd == "run" else a.lo, a.duration, a.seed)
+            if a.max_new_tokens is not None:
+                _job(a, "sglang", 1.0)  # (with ignore_eos: a usage error)
+                wl.with_max_new_tokens(a.max_new_tokens)
     except (OSError, ValueError) as e:
         ap.error(str(e))
 

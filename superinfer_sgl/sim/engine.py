@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from superinfer_sgl.rotasched.output_share import OutputShare
 from superinfer_sgl.rotasched.request_view import ReqState
 from superinfer_sgl.sim.policies.base import Plan, Policy
 from superinfer_sgl.sim.profile import Profile
@@ -74,6 +75,8 @@ class Simulator:
         self.now = 0.0
         self.iteration = 0
         self.new_token_ratio = 1.0 if self.config.ignore_eos else _RATIO_INIT
+        # what finished requests of unknown length decoded of their max_new_tokens (the server's Clocks.outputs)
+        self.output_share = OutputShare()
         self.gaps = array("d")  # every inter-token gap, seconds
         # emit_after_next_step: the last step's results (its tokens, the KV of the requests it
         # finished) are processed when the next step ends, or at the step's own end
@@ -406,6 +409,8 @@ class Simulator:
 
     def _finish(self, r: SimReq) -> None:
         self._set(r, Phase.FINISHED)
+        if not self.config.ignore_eos:
+            self.output_share.observe(r.outputs, r.spec.max_new_tokens)
         if self._defer:  # SGLang frees it while processing the results, after the next launch
             self._unfreed += r.alloc
         else:

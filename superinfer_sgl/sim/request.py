@@ -53,7 +53,9 @@ class SimReq:
 
     @property
     def remaining(self) -> int:
-        return self.spec.output_tokens - self.outputs
+        """Outputs left as the server sees them: up to its max_new_tokens (a request that may stop
+        at EOS ends earlier, at its output_tokens)."""
+        return self.spec.max_new_tokens - self.outputs
 
     @property
     def extend(self) -> int:

@@ -100,7 +100,15 @@ class Job:
     running_reserve: float | None = None  # SimConfig.running_reserve (None: the policy's)
     mix_prefill: str = SimConfig.mix_prefill  # SimConfig.mix_prefill
     ttft_shedding: bool = SimConfig.ttft_shedding  # SimConfig.ttft_shedding
+    # Requests that may stop at EOS (ignore_eos False) ask for up to this many tokens
+    # (Workload.with_max_new_tokens; None: exactly their trace length)
+    max_new_tokens: int | None = None
     tags: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is not None and self.ignore_eos:
+            raise ValueError("max_new_tokens applies to requests that may stop at EOS (ignore_eos False): "
+                             "a fixed-length request decodes all it asks for")
 
     def config(self) -> SimConfig:
         return SimConfig(budget_blocks=self.budget_blocks, vlt=VltParams(*self.vlt),
@@ -124,6 +132,8 @@ def run_job(job: Job) -> dict:
     if job.kv_tokens is not None:
         profile = profile.with_server(kv_tokens=job.kv_tokens)
     wl = build_workload(job.workload, job.rate, job.duration, job.seed, job.ttft_slo, job.tbt_slo)
+    if job.max_new_tokens is not None:
+        wl = wl.with_max_new_tokens(job.max_new_tokens)
     out = simulate(wl, profile, job.policy, job.config())
     out.update(rate=job.rate, budget_blocks=job.budget_blocks, job={k: v for k, v in asdict(job).items()})
     out.update(job.tags)

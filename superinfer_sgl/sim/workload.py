@@ -49,9 +49,15 @@ class RequestSpec:
     # system prefix): a radix-cache hit, neither recomputed nor allocated again.
     cached_tokens: int = 0
     weight: float = 1.0  # its SLO class's weight in the goodput policy (--slo-classes)
+    # What the client asked for (the bound the server sees; 0: exactly `output_tokens`). A request
+    # that may stop at EOS decodes `output_tokens` <= this; a fixed-length one decodes this many.
+    max_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert self.rid, "rid must be non-empty"
+        if self.max_new_tokens == 0:
+            object.__setattr__(self, "max_new_tokens", self.output_tokens)
+        assert self.max_new_tokens >= self.output_tokens, (self.rid, self.max_new_tokens, self.output_tokens)
         assert math.isfinite(self.arrival) and self.arrival >= 0, (self.rid, self.arrival)
         assert self.prompt_tokens >= 1 and self.output_tokens >= 1, self.rid
         assert self.ttft_slo > 0 and self.tbt_slo > 0, self.rid
@@ -76,6 +82,15 @@ class Workload:
     def with_slo(self, ttft_slo: float, tbt_slo: float) -> Workload:
         reqs = tuple(replace(r, ttft_slo=ttft_slo, tbt_slo=tbt_slo) for r in self.requests)
         return Workload(reqs, self.source)
+
+    def with_max_new_tokens(self, max_new_tokens: int) -> Workload:
+        """Every request asks for up to `max_new_tokens` (or its own length, where longer: the
+        trace's work is kept) and stops at EOS after its trace length: the server knows only the
+        bound, as with a client that sets one max_tokens for every request."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        reqs = tuple(replace(r, max_new_tokens=max(max_new_tokens, r.output_tokens)) for r in self.requests)
+        return Workload(reqs, self.source + f"; max_new_tokens {max_new_tokens}")
 
 
 @dataclass(frozen=True)

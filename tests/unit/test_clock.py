@@ -164,3 +164,33 @@ def test_server_clocks_of_a_kept_batch_follow_drops_and_finishes() -> None:
     done = clocks.finish(b, 1.3)
     clocks.observe(batch, [], 1.4)
     assert done is not None and clocks.by_rid["b"] is not done
+
+
+def test_server_clocks_learn_the_output_share_of_requests_that_may_stop_at_eos() -> None:
+    """integration.clocks.Clocks.finish feeds OutputShare only with requests whose length was
+    unknown (not ignore_eos) and that ended on their own: not aborted, not SGLang's own (the
+    runtime passes metrics.metered as `client`)."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+
+    from fakes import FakeReq, sampling
+    from superinfer_sgl.config import SuperInferConfig
+    from superinfer_sgl.integration.clocks import Clocks, step_prior
+    from superinfer_sgl.rotasched.output_share import MIN_FINISHED
+
+    clocks = Clocks(SuperInferConfig(), step_prior(True), clip=100)
+
+    def end(rid: str, outputs: int, max_new: int, ignore_eos: bool = False, reason: object = None) -> None:
+        req = FakeReq(rid, [1, 2], [7] * outputs, sampling_params=sampling(max_new, ignore_eos=ignore_eos))
+        req.finished_reason = reason
+        clocks.finish(req, 1.0)
+
+    for i in range(MIN_FINISHED - 1):
+        end(f"r{i}", 20, 80)
+    assert clocks.outputs.share == 0.0  # not enough seen yet: prompts only
+    end("fixed", 80, 80, ignore_eos=True)  # a known length teaches nothing
+    end("gone", 1, 80, reason=FINISH_ABORT("client left"))
+    clocks.finish(FakeReq("probe", [1], [7], sampling_params=sampling(1, ignore_eos=False)), 1.0, client=False)
+    assert clocks.outputs.seen == MIN_FINISHED - 1
+    end("last", 20, 400, reason=FINISH_LENGTH(400))  # 400 asked, clipped as the reserve is: 100
+    assert clocks.outputs.seen == MIN_FINISHED
+    assert 0.2 < clocks.outputs.share < 0.25  # 20 of 80 (then 20 of the clip's 100)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from superinfer_sgl.rotasched import Decision, ReqState, ReqView, Slo, VltParams
 from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import MIN_PREFILL_CHUNK, GoodputLvf, GoodputParams, StepCosts, rank_key
 from superinfer_sgl.rotasched.planner import admission_order, quantum_s, rotation_budget
-from superinfer_sgl.rotasched.policy import PAPER
+from superinfer_sgl.rotasched.policy import BEST_EFFORT, PAPER, VIABLE
 from superinfer_sgl.rotasched.clock import ReqClock
 from test_lvf_properties import NOW, _params, _views, check_invariants
 
@@ -31,9 +32,10 @@ def waiting(rid: str, waited: float, tokens: int = 100, ttft: float = 5.0, block
 
 
 def running(rid: str, stint: float, blocks: int = 10, misses_left: int = 5, ttft_met: bool = True,
-            tbt: float = 0.1) -> ReqView:
+            tbt: float = 0.1, known: bool = True) -> ReqView:
+    """A running request, by default of known length (its gap budget exact)."""
     return ReqView(rid, RUN, NOW - stint - 1, NOW - 0.01, NOW - stint, 5.0, tbt, 0, blocks, True, 0,
-                   misses_left, ttft_met)
+                   misses_left, ttft_met, outputs_left=100, outputs_known=known)
 
 
 def test_a_request_that_cannot_make_its_ttft_yields_to_one_that_can() -> None:
@@ -111,6 +113,13 @@ def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
     late, fresh = waiting("late", 4.4, tokens=300, blocks=10), waiting("fresh", 1.0, tokens=300, blocks=10)
     d = plan_step([late, fresh, tight], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
     assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",) and d.mix
+    # a request that may stop at EOS counts its budget against max_new_tokens, which it may never
+    # reach: protected as if it had no gap to spare (step_size.spare_misses)
+    open_ended = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10, known=False)
+    d = plan_step([late, fresh, open_ended], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
+    assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
+    lost_ = running("t", 1.0, misses_left=-1, tbt=0.1, blocks=10, known=False)  # lost: nothing to protect
+    assert plan_step([late, fresh, lost_], 10, 0, NOW, P, GoodputLvf(gp), False).prefill_cap != MIN_PREFILL_CHUNK
     roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no TBT cap,
     d = plan_step([late, fresh, roomy], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
     # only late's own deadline (0.6 s left: one step of at most ~540 tokens, deadline_budget);
@@ -537,6 +546,18 @@ def test_shedding_counts_decoding_only_where_the_length_is_known() -> None:
     twin, later = dataclasses.replace(long_, rid="twin"), _fixed("later", 2.0, 100, 10, ttft=5.5)
     assert shed([long_, twin, later], NOW, COSTS, None, 0.01, 256) == {"twin"}
     assert shed([long_, dataclasses.replace(twin, weight=2.0), later], NOW, COSTS, None, 0.01, 256) == {"long"}
+    # with what finished requests of unknown length decoded (OutputShare): that share of the bound
+    # counts; all of it is the known case, a third (100 of 300 outputs: 1 s ahead of d) is not enough
+    open_ended = dataclasses.replace(long_, outputs_known=False)
+    assert shed([open_ended, d], NOW, COSTS, None, 0.01, 256, 1.0) == {"long"}
+    assert shed([open_ended, d], NOW, COSTS, None, 0.01, 256, 1 / 3) == set()
+    assert shed([long_, d], NOW, COSTS, None, 0.01, 256, 0.0) == {"long"}  # a known length is exact
+    # the policy hands it over from its parameters
+    eos = GoodputLvf(dataclasses.replace(GP, eos_output_share=1.0), decode_share_s=0.01)
+    assert eos.rank([open_ended, d], [0.0, 0.0], NOW)[0] == [BEST_EFFORT, VIABLE]
+    assert GoodputLvf(GP, decode_share_s=0.01).rank([open_ended, d], [0.0, 0.0], NOW)[0] == [VIABLE, VIABLE]
+    with pytest.raises(ValueError, match="eos_output_share"):
+        dataclasses.replace(GP, eos_output_share=1.5)
     # the share is the step's decode time over the running batch (planner.plan_step asks `batched`)
     policy = GoodputLvf(GP).batched([running("r", 1.0), running("s", 1.0)])
     assert policy.decode_share_s == COSTS.decode_step_s / 2

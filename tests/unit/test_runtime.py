@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.engine import HostKV
 from superinfer_sgl.integration import rotation
@@ -15,7 +17,7 @@ from superinfer_sgl.integration.runtime import RotaSchedRuntime
 from superinfer_sgl.rotasched import Decision, Slo
 from superinfer_sgl.rotasched.goodput import StepCosts
 from superinfer_sgl.rotasched.planner import rotation_budget
-from fakes import FakeReq
+from fakes import FakeReq, sampling
 
 
 class FakeBatch:
@@ -208,3 +210,20 @@ def test_abort_matches_by_rid_prefix_or_all() -> None:
     match = abort_match(SimpleNamespace(abort_all=False, rid="req-1"))
     assert match("req-1") and match("req-1-n2") and not match("req-2")
     assert abort_match(SimpleNamespace(abort_all=True, rid="x"))("anything")
+
+
+def test_the_step_policy_reads_the_output_share_finished_requests_taught() -> None:
+    """What requests of unknown length decoded (Clocks.outputs) reaches shedding each step."""
+    from superinfer_sgl.rotasched.output_share import MIN_FINISHED
+
+    rt = make_runtime()
+    assert rt._step_policy().params.eos_output_share == 0.0
+    for i in range(MIN_FINISHED):
+        req = FakeReq(f"r{i}", output_ids=[1] * 30, sampling_params=sampling(120, ignore_eos=False))
+        rt.clocks.clock(req, 0.0)
+        assert rt.on_finished(req) is not None
+    assert rt._step_policy().params.eos_output_share == pytest.approx(0.25)
+    probe = FakeReq("HEALTH_CHECK_1", output_ids=[1], sampling_params=sampling(1, ignore_eos=False))
+    rt.clocks.clock(probe, 0.0)
+    rt.on_finished(probe)  # SGLang's own health probe (metrics.metered): it teaches nothing
+    assert rt.clocks.outputs.seen == MIN_FINISHED

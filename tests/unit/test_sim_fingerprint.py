@@ -29,7 +29,7 @@ PINNED = {
     "h100-pcie5-qwen2.5-32b/lvf-duplex-direct/8": "abdec97efcdedd346cde6f5c83b79831200e92d3d8342b0dd01bdf00347dcceb",
     "h100-pcie5-qwen2.5-32b/oracle/8": "8fc9aefacc25b8fc3ea6e1bf5aabbb8d952b9a2350df6eb738546d44d29432c0",
     "gh200-qwen2.5-32b/lvf-duplex/15": "f12444ee6c6b3191b3af767f463f1d10de1d6d92b02abac82e81c450d8cd3b82",
-    "h100/lvf-duplex/8/no-ignore-eos": "d6c2f2546c3c6e48f898a224c0742777f215616dea3381bc0496c8068f1d8598",
+    "h100/lvf-duplex/8/no-ignore-eos": "c2a7efabddea26194eb5d09685a894a1f8358ecb5d0d215baa797b9550570426",
     "h100/lvf-duplex/8/min-stint-2": "5240f5020846969ee5a1164eab667640149684cc47000275e8178d19883bc966",
     "h100/lvf-duplex/8/mixed-chunk": "87020d5cfb402150977ccdf32a76018ce28af77e7430e729bdc185050f6af894",
     "h100/lvf-duplex/8/lookahead": "7ec8d1d46c14eecf35c82d5ecb3efe3dda1b7cf32fe832ea31c4146940bc37af",

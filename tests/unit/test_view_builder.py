@@ -74,9 +74,10 @@ def test_server_adapter_reads_the_numbers(ignore_eos: bool) -> None:
     rt.store.entries["rot"] = SimpleNamespace(req=rot, host_kv=SimpleNamespace(num_tokens=21))
     views = rt._views([run], 3.0)
     rules, c = ViewRules(4, clip, share), rt.clocks.by_rid
-    r = 1.0 if ignore_eos else ratio
+    r = 1.0  # candidates: SGLang's PrefillAdder admits against all their outputs left, whatever the ratio
     assert list(views) == [
-        rules.running(c["run"], 25, 195, share if ignore_eos else ratio, False),  # mid-stint: not rotatable yet
+        # mid-stint: not rotatable yet; a running request of unknown length holds SGLang's ratio
+        rules.running(c["run"], 25, 195, share if ignore_eos else ratio, False, ignore_eos),
         rules.waiting(c["wait"], 30, 0, 0, 50, r, ignore_eos),
         rules.waiting(c["back"], 12, 4, 15, 36, r, ignore_eos),  # everything but the last output token is resident
         rules.rotary(c["rot"], 21, 294, r),
@@ -114,21 +115,22 @@ def test_sim_adapter_reads_the_numbers(policy: str, ignore_eos: bool) -> None:
         policy_ = sim.policy
         rules = policy_.rules(sim)  # type: ignore[attr-defined]
         assert rules == ViewRules(4, 4096, 0.5)
-        run_ratio, ratio = policy_.running_ratio(sim), sim.new_token_ratio  # type: ignore[attr-defined]
+        run_ratio = policy_.running_ratio(sim)  # type: ignore[attr-defined]
         for v in policy_._views(sim):  # type: ignore[attr-defined]
             r = next(x for x in sim.reqs if x.spec.rid == v.rid)
             seen.add(v.state)
             if v.state is ReqState.RUNNING:
-                want = rules.running(r.clock, r.ctx, r.remaining, run_ratio, v.rotatable)
+                want = rules.running(r.clock, r.ctx, r.remaining, run_ratio, v.rotatable, ignore_eos)
+                assert v.outputs_known is ignore_eos
                 if policy == "paper":  # a cached running view keeps what LVF does not read of it
                     assert v.blocks_held == want.blocks_held and v.run_start == want.run_start
                     continue
-            elif v.state is ReqState.WAITING:
-                want = rules.waiting(r.clock, r.spec.prompt_tokens, r.outputs, r.kv, r.remaining, ratio, ignore_eos)
+            elif v.state is ReqState.WAITING:  # candidates at SGLang's admission ratio, whatever sim's
+                want = rules.waiting(r.clock, r.spec.prompt_tokens, r.outputs, r.kv, r.remaining, 1.0, ignore_eos)
                 assert v.outputs_known is ignore_eos
             else:
                 assert r.phase is Phase.ROTARY
-                want = rules.rotary(r.clock, r.host, r.remaining, ratio)
+                want = rules.rotary(r.clock, r.host, r.remaining, 1.0)
             assert v == want, (v, want)
     # the paper's rule rotates here (goodput only rotates lost requests out)
     assert seen == (set(ReqState) if policy == "paper" else {ReqState.RUNNING, ReqState.WAITING}), seen

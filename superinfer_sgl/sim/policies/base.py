@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, waiting_need
+from superinfer_sgl.rotasched.output_share import OutputShare
 from superinfer_sgl.sim.profile import Profile
 from superinfer_sgl.sim.request import SimReq
 from superinfer_sgl.sim.settings import SimConfig
@@ -47,6 +48,8 @@ class SimState(Protocol):
     def host_free_tokens(self) -> int: ...  # host KV tokens rotary requests may still take
     @property
     def new_token_ratio(self) -> float: ...
+    @property
+    def output_share(self) -> OutputShare: ...  # the server's Clocks.outputs
     @property
     def last_step(self) -> tuple[float, int, int, bool] | None: ...  # Simulator.last_step
     def page_round(self, tokens: int) -> int: ...
@@ -86,7 +89,7 @@ class Policy:
     # ---- admission (SGLang PrefillAdder, conservative) ----------------------------------------
     def reserve(self, sim: SimState, r: SimReq) -> float:
         """Decode tokens kept back for a running request (ratio 1 with ignore_eos)."""
-        left = r.spec.output_tokens - r.outputs  # min(r.remaining, CLIP_MAX_NEW_TOKENS)
+        left = r.spec.max_new_tokens - r.outputs  # min(r.remaining, CLIP_MAX_NEW_TOKENS)
         return (left if left < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * sim.new_token_ratio
 
     def admission_room(self, sim: SimState) -> float:
@@ -99,7 +102,7 @@ class Policy:
     def admission_need(self, sim: SimState, r: SimReq) -> float:
         """SGLang's PrefillAdder: the extend plus the whole clipped reserve (ratio 1, an int)."""
         spec, outputs = r.spec, r.outputs
-        return waiting_need(spec.prompt_tokens, outputs, r.kv, spec.output_tokens - outputs, 1)
+        return waiting_need(spec.prompt_tokens, outputs, r.kv, spec.max_new_tokens - outputs, 1)
 
     def max_running(self, sim: SimState) -> int:
         return sim.profile.server.max_running_requests

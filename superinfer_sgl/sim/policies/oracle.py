@@ -33,10 +33,10 @@ class Oracle(Policy):
         if c.last_token is None:
             slack = spec.arrival + spec.ttft_slo - sim.profile.step.prefill_alone(r.extend) - sim.now
             if slack < 0:
-                return (1, spec.arrival, r.remaining)
+                return (1, spec.arrival, spec.output_tokens - r.outputs)
         else:
             slack = c.last_token + spec.tbt_slo - step_s - sim.now
-        return (0, slack, r.remaining)
+        return (0, slack, spec.output_tokens - r.outputs)
 
     def plan(self, sim: SimState) -> Plan:
         step_s = sim.profile.step.seconds(decode_reqs=max(1, len(sim.running)),

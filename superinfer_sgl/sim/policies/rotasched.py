@@ -15,6 +15,7 @@ from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
 from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, mixes, plan_step, quantum_s
 from superinfer_sgl.rotasched.views import (
+    ADMISSION_RATIO,
     CLIP_MAX_NEW_TOKENS,
     ViewRules,
     blocks,
@@ -79,13 +80,15 @@ class RotaSched(Policy):
         (what a server would measure at best)."""
         step, emit = sim.profile.step, sim.profile.server.emit_after_next_step
         if sim.config.measured_costs:
-            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding)
+            return GoodputParams(self._measured(sim), sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding,
+                                 sim.output_share.share)
         decode = step.seconds(decode_reqs=max(1, len(sim.running)),
                               decode_context=sum([r.kv for r in sim.running]))
         # decode already holds the step's fixed time (base_s): a prefill adds only its own
         costs = StepCosts(step.per_prefill_token_s, step.prefill_base_s, decode, step.per_resume_s,
                           sim.config.step_jitter)
-        return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding)
+        return GoodputParams(costs, sim.config.max_best_effort_wait_s, emit, sim.config.ttft_shedding,
+                             sim.output_share.share)
 
     def _measured(self, sim: SimState) -> StepCosts:
         """The server's meter, fed each simulated iteration once, as the server's `Clocks.measure_last_step`
@@ -118,7 +121,7 @@ class RotaSched(Policy):
     def _running_reserve(self, sim: SimState) -> float:
         ratio, clip = self.running_ratio(sim), CLIP_MAX_NEW_TOKENS
         # sum of reserve_tokens(left, ratio), inlined: this runs over the running batch every iteration
-        held = sum([((left if (left := r.spec.output_tokens - r.outputs) < clip else clip) * ratio)
+        held = sum([((left if (left := r.spec.max_new_tokens - r.outputs) < clip else clip) * ratio)
                     for r in sim.running])
         return held + (_reserve(sim.chunked, sim.new_token_ratio) if sim.chunked is not None else 0.0)
 
@@ -148,25 +151,25 @@ class RotaSched(Policy):
             # Overlap scheduler: a request prefilled by the previous batch is still being written.
             rotatable = r.outputs > 0 and r.prefill_iter < it - 1 and r.clock.run_start <= young  # type: ignore[operator]
             if fresh:
-                add(running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable))
+                add(running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable, fixed))
                 continue
             if v is None or v.rotatable is not rotatable or not exact_running:
                 held = blocks(r.ctx + _reserve(r, run_ratio), bt)
                 if v is None or v.rotatable is not rotatable or v.blocks_held != held:
-                    v = r.view = running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable)
+                    v = r.view = running_view(r.clock, r.ctx, r.remaining, run_ratio, rotatable, fixed)
             add(v)
         if exact:
             for r in sim.waiting:  # kv > 0: a restored prefix awaiting admission
                 v = r.view
-                add(v if v is not None else _waiting_view(rules, r, ratio, fixed))
+                add(v if v is not None else _waiting_view(rules, r, ADMISSION_RATIO, fixed))
             for r in sim.rotary.values():
                 v = r.view
-                add(v if v is not None else _rotary_view(rules, r, ratio))
+                add(v if v is not None else _rotary_view(rules, r, ADMISSION_RATIO))
         else:
             for r in sim.waiting:
-                add(_waiting_view(rules, r, ratio, fixed))
+                add(_waiting_view(rules, r, ADMISSION_RATIO, fixed))
             for r in sim.rotary.values():
-                add(_rotary_view(rules, r, ratio))
+                add(_rotary_view(rules, r, ADMISSION_RATIO))
         return views
 
     def _queue(self, views: list[ReqView]) -> StepQueue:
@@ -183,7 +186,7 @@ class RotaSched(Policy):
 
     def _short_outputs(self, sim: SimState) -> bool:
         if self._short is None:
-            self._short = all(r.spec.output_tokens <= CLIP_MAX_NEW_TOKENS for r in sim.reqs)
+            self._short = all(r.spec.max_new_tokens <= CLIP_MAX_NEW_TOKENS for r in sim.reqs)
         return self._short
 
 
@@ -192,7 +195,7 @@ _RUNNING, _WAITING, _ROTARY = ReqState.RUNNING, ReqState.WAITING, ReqState.ROTAR
 
 def _reserve(r: SimReq, ratio: float) -> float:
     """The request's decode reserve (rotasched.views.reserve_tokens)."""
-    return reserve_tokens(r.spec.output_tokens - r.outputs, ratio)
+    return reserve_tokens(r.spec.max_new_tokens - r.outputs, ratio)
 
 
 def _waiting_view(rules: ViewRules, r: SimReq, ratio: float, fixed: bool) -> ReqView:
