@@ -3,7 +3,9 @@ SLO pairs, in the simulator; the capacity ratio of each policy to stock SGLang's
 
 Workloads: ShareGPT-like lengths and both Azure LLM inference traces 2023 (Azure Public Dataset,
 CC-BY 4.0; Patel et al., Splitwise, ISCA 2024), re-timed to each rate. SGLang's mixed chunk is on
-for every policy, as in the goodput sweep. Writes capacity.json and table.md into --out.
+for every policy, as in the goodput sweep. Requests are fixed-length (ignore_eos, as the paper's
+benchmarks run) unless --no-ignore-eos (optionally with a --max-new-tokens bound above their
+lengths). Writes capacity.json and table.md into --out.
 
     .venv/bin/python scripts/sim_capacity_table.py --jobs 2 --out results/sim_capacity
 """
@@ -41,16 +43,24 @@ def main() -> None:
     ap.add_argument("--hi", type=float, default=64.0, help="highest rate of the grid (req/s)")
     ap.add_argument("--probes", type=int, default=2, help="rates per bisection round (sim capacity --probes)")
     ap.add_argument("--slo-rule", choices=sorted(SLO_RULES), default="gaps", help=SLO_RULE_HELP)
+    ap.add_argument("--no-ignore-eos", action="store_true",
+                    help="requests may stop at EOS: the server sees only their max_new_tokens bound (sim run --no-ignore-eos)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="with --no-ignore-eos: every request asks for up to this many tokens, or its length where "
+                         "longer (default: exactly its length)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_capacity"))
     a = ap.parse_args()
+    if a.max_new_tokens is not None and not a.no_ignore_eos:
+        ap.error("--max-new-tokens needs --no-ignore-eos: a fixed-length request decodes all it asks for")
     policies = a.policy or ["sglang", "paper", "goodput@1", "goodput"]
     grid = CapacityGrid(lo=0.05, hi=a.hi, resolution=a.resolution, probes=a.probes)
     rows = []
     for profile in a.profile or PROFILES:
         for workload in a.workload or WORKLOADS:
             for ttft, tbt in a.slo or SLOS:
-                base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True)
+                base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True,
+                           ignore_eos=not a.no_ignore_eos, max_new_tokens=a.max_new_tokens)
                 for pol in policies:
                     name, _, share = pol.partition("@")
                     job = replace(base, policy=name, running_reserve=float(share) if share else None)
