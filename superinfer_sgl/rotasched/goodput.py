@@ -156,11 +156,11 @@ def victim_key(view: ReqView, stint_s: float) -> tuple[float, float] | None:
     return (view.weight, -stint_s)
 
 
-def rotation_affordable(running: list[ReqView], costs: StepCosts) -> bool:
+def rotation_affordable(running: list[ReqView], costs: StepCosts, eos_share: float = 0.0) -> bool:
     """The stall a rotation adds to the next step keeps every viable running request that has no
     gap to spare (`spare_misses`) within its TBT SLO."""
     gap = costs.decode_step_s + costs.rotation_s
-    return all(gap <= v.tbt_slo for v in running if spare_misses(v) == 0 and not lost(v))
+    return all(gap <= v.tbt_slo for v in running if spare_misses(v, eos_share) == 0 and not lost(v))
 
 
 def deadline_budget(views: list[ReqView], admitted: list[ReqView], now: float, gp: GoodputParams,
@@ -256,7 +256,8 @@ class GoodputLvf:
     def victims(self, views: Sequence[ReqView], movable: Sequence[ReqView],
                 stints: Sequence[float]) -> list[ReqView]:
         """Lost requests only (`victim_key`), and only while a rotation's stall is affordable."""
-        if not rotation_affordable([v for v in views if v.state is _RUNNING], self.params.costs):
+        if not rotation_affordable([v for v in views if v.state is _RUNNING], self.params.costs,
+                                   self.params.eos_output_share):
             return []
         keyed = []
         for v, lag in zip(movable, stints):
@@ -341,7 +342,7 @@ class GoodputLvf:
         return dataclasses.replace(self, decode_share_s=share) if self.params.ttft_shedding else self
 
     def prefill_cap(self, views: list[ReqView]) -> int | None:
-        return prefill_cap(views, self.params.costs)
+        return prefill_cap(views, self.params.costs, self.params.eos_output_share)
 
     def capped(self, chunk: int) -> GoodputLvf:
         return dataclasses.replace(self, chunk=chunk)
@@ -350,8 +351,8 @@ class GoodputLvf:
         """`mix_needed`; `prefill_tokens` None: unknown (a split prompt's rest), so any protected
         request needs it."""
         if prefill_tokens is None:
-            return bool(protected(views, self.params.costs))
-        return mix_needed(views, prefill_tokens, self.params.costs)
+            return bool(protected(views, self.params.costs, self.params.eos_output_share))
+        return mix_needed(views, prefill_tokens, self.params.costs, self.params.eos_output_share)
 
     def step_cap(self, views: list[ReqView], admitted: list[ReqView], now: float,
                  cap: int | None) -> int | None:

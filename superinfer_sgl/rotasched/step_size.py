@@ -29,6 +29,9 @@ CAP_TBT_SHARE = 0.9  # the prefill cap aims a step at this share of the TBT SLO 
 GAP_JITTER_Z = 2.0
 JITTER_Z = 1.28  # a first token's deadline (goodput.deadline_budget): ~90% of steps within it
 SPARE_MISSES = 1  # the cap protects requests with at most this many gaps left to miss
+# Where finished requests of unknown length decoded at least this share of their max_new_tokens
+# (`rotasched.output_share`), their bounds are taken as their lengths (`spare_misses`).
+BOUND_IS_LENGTH_SHARE = 0.9
 _RUNNING = ReqState.RUNNING
 
 
@@ -41,26 +44,30 @@ def prefill_time_s(tokens: int, costs: StepCosts, chunk: int | None) -> float:
     return steps * costs.prefill_base_s + (steps - 1) * costs.decode_step_s + costs.prefill_s_per_token * tokens
 
 
-def spare_misses(view: ReqView) -> int:
+def spare_misses(view: ReqView, eos_share: float = 0.0) -> int:
     """Gaps a running request can surely still miss and meet its TBT SLO: its budget
     (`ReqView.misses_left`) where its length is known; none where it may stop at EOS, since that
     budget counts gaps up to its max_new_tokens that it may never have (it may end at its next
     token: counted against the bound, a request asking for 1,024 tokens and ending at 100 looked
-    free to miss ~100 gaps, and its TBT went to big prefills). Negative: its TBT is lost."""
-    return view.misses_left if view.outputs_known or view.misses_left < 0 else 0
+    free to miss ~100 gaps, and its TBT went to big prefills), unless such requests have been
+    decoding nearly all they ask for (`eos_share`, what finished ones decoded of their bound, at
+    least BOUND_IS_LENGTH_SHARE). Negative: its TBT is lost."""
+    if view.outputs_known or view.misses_left < 0 or eos_share >= BOUND_IS_LENGTH_SHARE:
+        return view.misses_left
+    return 0
 
 
-def protected(views: list[ReqView], costs: StepCosts) -> list[ReqView]:
+def protected(views: list[ReqView], costs: StepCosts, eos_share: float = 0.0) -> list[ReqView]:
     """The running requests a capped step protects: viable, first token met, at most SPARE_MISSES
     gaps left to miss (`spare_misses`), and a TBT SLO that a step of MIN_PREFILL_CHUNK prefill tokens keeps. Where
     even that step takes longer than the SLO (a saturated CPU, docs/results.md), chunking the
     prefills would only add steps, each one a missed gap and a later first token."""
     floor = costs.decode_step_s + costs.prefill_base_s + MIN_PREFILL_CHUNK * costs.prefill_s_per_token
     return [v for v in views if v.state is _RUNNING and v.ttft_met is True
-            and 0 <= spare_misses(v) <= SPARE_MISSES and v.tbt_slo >= floor]
+            and 0 <= spare_misses(v, eos_share) <= SPARE_MISSES and v.tbt_slo >= floor]
 
 
-def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
+def prefill_cap(views: list[ReqView], costs: StepCosts, eos_share: float = 0.0) -> int | None:
     """Prefill tokens one iteration may carry so that the step (one decode step plus the prefill)
     stays within `cap_share` of the TBT SLO of every `protected` running request; None when no
     such request runs (the configured chunk size stands). A mixed step's prefill makes every
@@ -74,14 +81,14 @@ def prefill_cap(views: list[ReqView], costs: StepCosts) -> int | None:
     further (`cap_share`)."""
     if costs.prefill_s_per_token <= 0:
         return None
-    tight = [v.tbt_slo for v in protected(views, costs)]
+    tight = [v.tbt_slo for v in protected(views, costs, eos_share)]
     if not tight:
         return None
     room = cap_share(costs.step_cv) * min(tight) - costs.decode_step_s - costs.prefill_base_s
     return max(MIN_PREFILL_CHUNK, int(room / costs.prefill_s_per_token))
 
 
-def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts) -> bool:
+def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts, eos_share: float = 0.0) -> bool:
     """Whether this step's prefill of `prefill_tokens` should ride with the decode batch (SGLang's
     mixed chunk): only when a `protected` running request would otherwise miss its next gap.
     Unmixed, the prefill runs alone and the running requests' next token comes one decode step
@@ -91,7 +98,7 @@ def mix_needed(views: list[ReqView], prefill_tokens: int, costs: StepCosts) -> b
     spend one, as it does on stock SGLang."""
     alone = 2 * costs.decode_step_s + costs.prefill_base_s + costs.prefill_s_per_token * prefill_tokens
     share = cap_share(costs.step_cv)
-    return any(alone > share * v.tbt_slo for v in protected(views, costs))
+    return any(alone > share * v.tbt_slo for v in protected(views, costs, eos_share))
 
 
 def cap_share(step_cv: float) -> float:

@@ -118,6 +118,9 @@ def test_the_steps_prefill_cap_decides_who_can_still_make_it() -> None:
     open_ended = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10, known=False)
     d = plan_step([late, fresh, open_ended], 10, 0, NOW, P, GoodputLvf(gp), False, mix_prefill="needed")
     assert d.prefill_cap == MIN_PREFILL_CHUNK and d.admit == ("fresh",)
+    # ... unless finished requests of unknown length have been decoding nearly all they asked for
+    bounded = GoodputLvf(dataclasses.replace(gp, eos_output_share=0.95))
+    assert plan_step([late, fresh, open_ended], 10, 0, NOW, P, bounded, False).prefill_cap != MIN_PREFILL_CHUNK
     lost_ = running("t", 1.0, misses_left=-1, tbt=0.1, blocks=10, known=False)  # lost: nothing to protect
     assert plan_step([late, fresh, lost_], 10, 0, NOW, P, GoodputLvf(gp), False).prefill_cap != MIN_PREFILL_CHUNK
     roomy = running("t", 1.0, misses_left=5, tbt=0.1, blocks=10)  # gaps to spare: no TBT cap,
