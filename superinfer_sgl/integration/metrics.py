@@ -255,6 +255,10 @@ class RotaSchedMetrics:
         self.budget = Gauge("superinfer_rotation_budget_blocks",
                             "Rotation blocks per iteration and direction (B_xfer; auto follows the step time)",
                             multiprocess_mode="livemax")
+        self.eos_share = Gauge("superinfer_eos_output_share",
+                               "Share of max_new_tokens that recently finished requests which may stop at EOS "
+                               "decoded (what TTFT shedding counts for a waiting one; 0 until 10 have finished)",
+                               multiprocess_mode="livemax")
         self.link = Gauge("superinfer_kv_link_bytes_per_second",
                           "KV copy speed measured at startup, slower direction (0: not measured)",
                           multiprocess_mode="livemax")
@@ -345,6 +349,7 @@ class RotaSchedMetrics:
                 self._advance(counter, key, count(kv))
         self._set(self.budget, fig.budget)
         self._set(self.link, fig.link_bytes_per_s or 0.0)
+        self._set(self.eos_share, fig.goodput.eos_output_share)
         self._set(self.rotary_requests, fig.rotary)
         self._set(self.host_blocks_used, fig.host_blocks_used)
         self._set(self.host_blocks_total, fig.host_blocks_total)

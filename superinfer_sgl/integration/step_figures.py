@@ -63,7 +63,7 @@ def step_figures(sched: Any, engine: RotationEngine | None, clocks: Clocks, stor
     return StepFigures(stats, budget, clocks.link_bytes_per_s, len(store.entries), used, total, kv,
                        host_bytes(engine, used), queued, len(running),
                        lambda: queue_views(sched, clocks, store, clip), vlt,
-                       GoodputParams(clocks.meter.costs, best_effort_wait_s))
+                       GoodputParams(clocks.meter.costs, best_effort_wait_s, eos_output_share=clocks.outputs.share))
 
 
 def host_bytes(engine: Any, used_blocks: int) -> tuple[tuple[str, str, int], ...]:

@@ -73,6 +73,20 @@ def test_headroom_gauges_from_the_runtime() -> None:
     assert reg.get_sample_value("superinfer_rotation_bytes_total", {"direction": "out"}) is None
     assert reg.get_sample_value("superinfer_host_pool_blocks_total") == 0.0
     assert reg.get_sample_value("superinfer_rotary_requests") == 1.0
+    assert reg.get_sample_value("superinfer_eos_output_share") == 0.0  # nothing of unknown length finished
+
+
+def test_the_learned_eos_output_share_is_published() -> None:
+    from superinfer_sgl.rotasched.output_share import MIN_FINISHED
+
+    reg = CollectorRegistry()
+    m = RotaSchedMetrics(registry=reg)
+    q = Queue(time.monotonic())
+    for i in range(MIN_FINISHED):
+        q.clocks.finish(FakeReq(f"done{i}", output_ids=[1] * 10, sampling_params=sampling(40, ignore_eos=False)),
+                        time.monotonic())
+    m.update(q.figures())
+    assert reg.get_sample_value("superinfer_eos_output_share") == 0.25
 
 
 def test_recent_attainment_per_class_window() -> None:
