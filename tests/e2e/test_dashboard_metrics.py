@@ -65,3 +65,21 @@ def test_every_dashboard_series_is_exported(rota_server: Server) -> None:
     # the prefix cache's series exist with --prefix-cache predictive only (test_prefix_host_e2e checks those)
     missing = {n for n in gd.metric_names(gd.load()) if not n.startswith(gd.PREFIX_CACHE)} - gd.exported_names(text)
     assert not missing, f"dashboard series not in /metrics: {sorted(missing)}"
+
+
+def test_requests_that_stop_at_eos_teach_the_output_share(rota_server: Server) -> None:
+    """Requests that may stop at EOS (ignore_eos off) feed the share TTFT shedding counts for
+    waiting ones of unknown length (rotasched.output_share), through SGLang's real finished
+    requests; it is published as superinfer_eos_output_share."""
+    from superinfer_sgl.rotasched.output_share import MIN_FINISHED
+
+    outs = []
+    for i in range(MIN_FINISHED):
+        r = generate(rota_server, f"Answer in one word. What colour is the sky? ({i})", max_new_tokens=96,
+                     sampling_params={"ignore_eos": False})
+        outs.append(r["meta_info"]["completion_tokens"])
+    generate(rota_server, "One more scheduler turn:", max_new_tokens=2)  # the gauges update at a step
+    share = _gauge(rota_server.metrics(), "superinfer_eos_output_share")
+    assert 0 < share <= 1, (share, outs)
+    if all(n < 96 for n in outs):  # every one stopped at EOS: the share is below 1
+        assert share < 1, (share, outs)
