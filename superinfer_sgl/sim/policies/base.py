@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, waiting_need
 from superinfer_sgl.rotasched.output_share import OutputShare
+from superinfer_sgl.rotasched.planner import CLIP_MAX_NEW_TOKENS, waiting_need
 from superinfer_sgl.sim.profile import Profile
 from superinfer_sgl.sim.request import SimReq
 from superinfer_sgl.sim.settings import SimConfig
