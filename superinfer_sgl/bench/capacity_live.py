@@ -31,6 +31,7 @@ from . import abfile, stats
 from .capacity_stats import summarize
 from .client import ClientError
 from .recompute import pooled_tax
+from .report import eos_lines
 from .paired import core_halves, pairs_for
 from .planning import Plan, SweepPoint, for_repeat
 from .rundoc import describe, prepare_files
@@ -250,6 +251,9 @@ def merge_capacity(out_dir: Path, run_dirs: Sequence[Path]) -> dict[str, Any]:
         differ = [k for k in keys if _merge_value(doc["config"], k) != _merge_value(first, k)]
         if (doc["config"].get("slo_rule") or "gaps") != (first.get("slo_rule") or "gaps"):  # (runs before it: gaps)
             differ.append("slo_rule")
+        for key, before in (("ignore_eos", True), ("max_new_tokens", None)):  # runs before them: fixed-length
+            if doc["config"].get(key, before) != first.get(key, before):
+                differ.append(key)
         if differ:
             raise ValueError(f"{d} differs from {run_dirs[0]} in {', '.join(differ)}: not the same capacity")
     merged: dict[str, Any] = {**docs[0], "results": {}, "capacity_runs": [], "errors": {}}
@@ -327,6 +331,7 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
     cal = doc.get("calibration")
     if cal:
         lines += [f"Calibrated on {cal['probe_server']}: capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
+    lines += eos_lines(doc)
     loads = [x for pts in doc["results"].values() for p in pts for x in p.get("loadavg_1m", [])]
     if loads:
         lines += [f"1-minute load average during the points: {min(loads):.1f} .. {max(loads):.1f}", ""]

@@ -45,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", type=_floats, help="request rates (req/s) to sweep; default: the profile's")
     p.add_argument("--num-requests", type=int, help="requests per sweep point; default: the profile's")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-ignore-eos", action="store_true",
+                   help="requests may stop at EOS, as a chat client's do: each prompt ends with a question the "
+                        "model answers briefly, the server sees only the max_tokens bound, and output lengths "
+                        "are the model's (default: fixed-length requests, ignore_eos)")
+    p.add_argument("--max-new-tokens", type=int, metavar="N",
+                   help="with --no-ignore-eos: every request's bound (max_tokens) is N instead of its drawn length")
     p.add_argument("--systems", help="comma list from sglang,sglang-priority,superinfer,superinfer-paper,superinfer-retract,superinfer-needed "
                                      "(default: profile's; mixed adds sglang-priority)")
     p.add_argument("--peer", choices=("vllm",),

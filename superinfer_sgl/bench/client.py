@@ -86,13 +86,15 @@ class ClientError(RuntimeError):
 
 
 def bench_args(base_url: str, dataset: Path, n: int, seed: int, out_file: Path, tokenizer: str,
-               backend: str = "sglang-oai-chat") -> list[str]:
-    """bench_serving arguments; --request-rate is informational (the schedule file decides)."""
+               backend: str = "sglang-oai-chat", ignore_eos: bool = True) -> list[str]:
+    """bench_serving arguments; --request-rate is informational (the schedule file decides).
+    `ignore_eos` False: requests may stop at EOS (bench_serving sends ignore_eos per its flag)."""
     return [
         "--backend", backend, "--base-url", base_url, "--dataset-name", "openai",
         "--dataset-path", str(dataset), "--num-prompts", str(n), "--tokenizer", tokenizer,
         "--seed", str(seed), "--output-file", str(out_file), "--output-details",
         "--warmup-requests", "1", "--flush-cache", "--ready-check-timeout-sec", "60",
+        *(() if ignore_eos else ("--disable-ignore-eos",)),
     ]
 
 

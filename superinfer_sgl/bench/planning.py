@@ -20,6 +20,7 @@ from ..rotasched.slo import Slo, SloClasses
 from .calibrate import Calibration, CalibrationKnobs
 from .paired import core_halves, pairs_for
 from .profiles import PROFILES, Profile, make_dummy_model
+from .prompts import QUESTION
 from .servers import SystemSpec, noise_twin, parse_variants, shared_flags, systems
 from .traces import LengthFit, load_trace, to_requests
 from .workloads import (
@@ -80,6 +81,11 @@ class Plan:
     @property
     def interleaved(self) -> bool:
         return self.options.order == "interleaved"
+
+    @property
+    def ignore_eos(self) -> bool:
+        """Fixed-length requests (the default); False: they may stop at EOS (--no-ignore-eos)."""
+        return not getattr(self.options, "no_ignore_eos", False)
 
     @property
     def paired(self) -> bool:
@@ -178,6 +184,18 @@ def build_requests(a: argparse.Namespace, p: Profile, tokenizer: object) -> tupl
         reqs = sharegpt_like(p.num_requests, a.seed, p.slo, p.inputs, p.outputs)
         if a.workload == "mixed":
             reqs = assign_classes(reqs, parse_mix(p.class_mix), classes, a.seed)
+    bound = getattr(a, "max_new_tokens", None)
+    if bound is not None:
+        if not getattr(a, "no_ignore_eos", False):
+            raise ValueError("--max-new-tokens needs --no-ignore-eos: a fixed-length request decodes all it asks for")
+        if bound < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {bound}")
+        reqs = [dataclasses.replace(r, output_tokens=bound) for r in reqs]
+    if getattr(a, "no_ignore_eos", False):
+        notes.append("requests may stop at EOS (bench_serving --disable-ignore-eos): each prompt ends with "
+                     f"{QUESTION!r}; output_tokens is each request's max_tokens bound"
+                     + (f" ({bound} for every request)" if bound is not None else " (its drawn length)")
+                     + "; the measured lengths are each point's output_len")
     return reqs, notes
 
 

@@ -1,9 +1,10 @@
 """Prompts of requested token lengths, written as sglang.benchmark's `openai` JSONL dataset.
 
 Each prompt is natural English (a fixed passage repeated from a per-request offset) behind a
-unique request tag, so prompts share no prefix beyond the chat template's system turn. Lengths
-are counted the way the load generator counts them: the chat template applied, generation prompt
-included.
+unique request tag, so prompts share no prefix beyond the chat template's system turn. Requests
+that may stop at EOS (`question`) end with a question the model answers in a sentence or two, so
+their lengths are the model's (SmolLM2: ~40 tokens, most stopping at EOS). Lengths are counted the
+way the load generator counts them: the chat template applied, generation prompt included.
 
 One JSONL line per request: {"messages", "max_tokens", "custom_params", "stream_options"[,
 "priority"]}. The openai dataset passes every key except messages/max_tokens/model through to
@@ -30,6 +31,9 @@ PASSAGE = (
     "streets washed clean and the air cold and bright, and in the morning the town woke slowly again."
 )
 
+# Ends a prompt whose answer length the model decides (ab_bench --no-ignore-eos).
+QUESTION = "In one sentence, what is this passage about?"
+
 # Priority sent to stock SGLang's --enable-priority-scheduling baseline: tighter TTFT, higher value
 # (SGLang schedules larger priority values first by default).
 PriorityOf = Callable[[BenchRequest], int]
@@ -41,9 +45,10 @@ def priority_by_ttft(reqs: Sequence[BenchRequest]) -> PriorityOf:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: object) -> None:
+    def __init__(self, tokenizer: object, question: str | None = None) -> None:
         self.tok = tokenizer
         self.words = PASSAGE.split()
+        self.question = question
 
     def _messages(self, content: str) -> list[dict[str, str]]:
         return [{"role": "user", "content": content}]
@@ -56,7 +61,8 @@ class PromptBuilder:
     def _text(self, idx: int, n_words: int) -> str:
         start = (idx * 37) % len(self.words)
         body = [self.words[(start + k) % len(self.words)] for k in range(n_words)]
-        return " ".join([f"[request {idx}]", *body])
+        text = " ".join([f"[request {idx}]", *body])
+        return f"{text}\n\n{self.question}" if self.question else text
 
     def build(self, idx: int, target_tokens: int) -> tuple[str, int]:
         """Content whose templated length is the largest <= target (at least the tag alone)."""

@@ -6,6 +6,7 @@ rate: {"rate", "offered_rate", "summary": {...}, "counters": {...}, ...}.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,25 @@ def pooled_markdown(results: Results) -> str:
     return "\n".join(lines) + "\n"
 
 
+def eos_lines(doc: Mapping[str, Any]) -> list[str]:
+    """For requests that may stop at EOS: the output lengths the model chose, per system (every
+    completed request of every point), against the bounds the server saw."""
+    cfg = doc["config"]
+    if cfg.get("ignore_eos", True):
+        return []
+    bounds = [int(r["output_tokens"]) for r in cfg.get("requests", [])]
+    parts = []
+    for name, pts in doc["results"].items():
+        outs = [n for p in pts for n, ok in zip(p["requests"]["output_len"], p["requests"]["success"]) if ok and n]
+        if outs:
+            parts.append(f"{name} mean {sum(outs) / len(outs):.1f} tokens (median {statistics.median(outs):g}, "
+                         f"{len(outs)} requests)")
+    bound = f"{cfg['max_new_tokens']} tokens" if cfg.get("max_new_tokens") else (
+        f"each request's drawn length, mean {sum(bounds) / len(bounds):.1f}" if bounds else "each request's drawn length")
+    return [f"Requests may stop at EOS (the server sees only the bound: {bound}); output lengths measured: "
+            + ("; ".join(parts) or "none yet"), ""]
+
+
 def render_markdown(doc: Mapping[str, Any]) -> str:
     """table.md of a sweep, from its ab.json document alone."""
     cfg = doc["config"]
@@ -366,6 +386,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         lines += [f"Calibrated on {cal['probe_server']}: decode step {steps}; prefill "
                   f"{cal['speed']['prefill_ms_per_token']:.1f} ms/prompt token; memory-bound batch {cal['batch']:.1f} "
                   f"-> step {cal['step_ms']:.0f} ms; capacity estimate {cal['capacity_rps']:.3f} req/s", ""]
+    lines += eos_lines(doc)
     loads = [l for pts in results.values() for p in pts for l in p.get("loadavg_1m", [])]
     if loads:
         lines += [f"1-minute load average during the runs (2 cores): {min(loads):.1f} .. {max(loads):.1f}", ""]

@@ -16,7 +16,7 @@ from typing import Any
 
 from .client import bench_args
 from .planning import Plan
-from .prompts import PromptBuilder, priority_by_ttft, write_dataset
+from .prompts import QUESTION, PromptBuilder, priority_by_ttft, write_dataset
 from .servers import SystemSpec, command
 from .workloads import offered_rate
 
@@ -28,7 +28,7 @@ def prepare_files(plan: Plan, tokenizer: Any) -> dict[str, Any]:
         for old in (out / "schedules").glob("*.json"):
             old.unlink()
     (out / "schedules").mkdir(parents=True, exist_ok=True)
-    builder = PromptBuilder(tokenizer)
+    builder = PromptBuilder(tokenizer, None if plan.ignore_eos else QUESTION)
     lens = write_dataset(out / "dataset.jsonl", plan.requests, builder)
     write_dataset(out / "dataset_priority.jsonl", plan.requests, builder, priority_by_ttft(plan.requests))
     for i, pt in enumerate(plan.points):
@@ -65,7 +65,10 @@ def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
         "load_generator": "sglang.benchmark.serving (bench_serving) cli_main, backend sglang-oai-chat, "
                           "dataset openai; arrival schedule from our schedule files",
         "bench_serving_args": bench_args("http://127.0.0.1:PORT", plan.out_dir / "dataset.jsonl",
-                                         len(plan.requests), plan.seed, Path("OUT.jsonl"), plan.tokenizer),
+                                         len(plan.requests), plan.seed, Path("OUT.jsonl"), plan.tokenizer,
+                                         ignore_eos=plan.ignore_eos),
+        "ignore_eos": plan.ignore_eos,
+        "max_new_tokens": getattr(plan.options, "max_new_tokens", None),
         "requests": [
             {"prompt_tokens": n, "output_tokens": r.output_tokens, "slo_class": r.slo_class,
              "ttft_slo_ms": r.slo.ttft_ms, "tbt_slo_ms": r.slo.tbt_ms, "priority": prio(r)}

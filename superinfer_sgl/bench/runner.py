@@ -53,7 +53,7 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     raw.parent.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     args = bench_args(server.url, dataset_for(plan, spec), len(plan.requests), plan.seed, raw, plan.tokenizer,
-                      backend="vllm-chat" if spec.is_vllm else "sglang-oai-chat")
+                      backend="vllm-chat" if spec.is_vllm else "sglang-oai-chat", ignore_eos=plan.ignore_eos)
 
     def progress(done: int, total: int) -> None:
         pbar.total = total

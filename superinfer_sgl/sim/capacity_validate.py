@@ -184,6 +184,9 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
     if (cfg.get("slo_rule") or "gaps") != "gaps":
         raise ValueError(f"{ab_path}: searched under the {cfg['slo_rule']!r} TBT rule; the planner and the replay "
                          "answer under the server's (90% of gaps) only")
+    if not cfg.get("ignore_eos", True):
+        raise ValueError(f"{ab_path}: its requests could stop at EOS (--no-ignore-eos), so their lengths were the "
+                         "model's; the planner and the replay take each request's output_tokens as its length")
     live_grid = CapacityGrid(**cfg["capacity_grid"])
     grid = CapacityGrid(live_grid.target, live_grid.lo / 4, live_grid.hi * 2, PLANNER_GROWTH, resolution)
     measured = doc.get("capacity") or _summary(doc)

@@ -185,7 +185,7 @@ def test_cli_flags_and_report_render(tmp_path):
 
 
 def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, rule: str | None = None,
-             probes: int | None = None) -> Path:
+             probes: int | None = None, ignore_eos: bool | None = None, bound: int | None = None) -> Path:
     """A finished capacity run folder: one repeat per (stock, ours) capacity pair."""
     runs, results = [], {"sglang": [], "superinfer": []}
     for k, pair in enumerate(caps):
@@ -201,6 +201,9 @@ def _run_dir(path: Path, caps: list[tuple[float, float]], grid_lo: float = 0.5, 
         cfg["slo_rule"] = rule
     if probes is not None:  # (runs before the grid's probes do not say: one per round)
         cfg["capacity_grid"]["probes"] = probes
+    if ignore_eos is not None:  # (runs before --no-ignore-eos do not say: fixed-length)
+        cfg |= {"ignore_eos": ignore_eos, "max_new_tokens": bound,
+                "requests": [{"prompt_tokens": 50, "output_tokens": bound or 10}] * 40}
     path.mkdir()
     (path / "ab.json").write_text(json.dumps({"config": cfg, "results": results, "capacity_runs": runs, "errors": {}}))
     return path
@@ -304,3 +307,48 @@ def test_validate_capacity_refuses_a_run_searched_under_the_tpot_rule(tmp_path):
 
     with pytest.raises(ValueError, match="'tpot' TBT rule"):
         capacity_validate.check(_run_dir(tmp_path / "t", [(1.0, 1.2)], rule="tpot"))
+
+
+def test_requests_that_may_stop_at_eos_reach_the_load_generator_and_the_report(tmp_path, capsys):
+    from superinfer_sgl.bench.cli import main
+    from superinfer_sgl.bench.client import bench_args
+    from superinfer_sgl.bench.planning import build_requests, resolve_profile
+
+    args = bench_args("http://h", Path("d.jsonl"), 4, 1, Path("o.jsonl"), "tok")
+    assert "--disable-ignore-eos" not in args  # fixed-length: bench_serving's default, ignore_eos
+    assert "--disable-ignore-eos" in bench_args("http://h", Path("d.jsonl"), 4, 1, Path("o.jsonl"), "tok",
+                                                 ignore_eos=False)
+    # the bound: each request's drawn length, or --max-new-tokens for all; only for EOS requests
+    a = parser().parse_args(["--no-ignore-eos", "--max-new-tokens", "128", "--num-requests", "20"])
+    p = resolve_profile(a)
+    a.workload = "sharegpt"
+    reqs, notes = build_requests(a, p, None)
+    assert {r.output_tokens for r in reqs} == {128} and "may stop at EOS" in notes[-1]
+    b = parser().parse_args(["--no-ignore-eos", "--num-requests", "20"])
+    b.workload = "sharegpt"
+    fixed = parser().parse_args(["--num-requests", "20"])
+    fixed.workload = "sharegpt"
+    assert build_requests(b, p, None)[0] == build_requests(fixed, p, None)[0]  # the same draws, as bounds
+    for bad in (["--max-new-tokens", "128"], ["--no-ignore-eos", "--max-new-tokens", "0"]):
+        c = parser().parse_args(bad)
+        c.workload = "sharegpt"
+        with pytest.raises(ValueError, match="max-new-tokens"):
+            build_requests(c, p, None)
+    # the report says what lengths the model chose; runs with another bound do not pool
+    eos = _run_dir(tmp_path / "eos", [(1.0, 1.2)], ignore_eos=False, bound=128)
+    assert main(["--report", str(eos)]) == 0
+    table = (eos / "table.md").read_text()
+    assert "may stop at EOS (the server sees only the bound: 128 tokens)" in table
+    assert "sglang mean 10.0 tokens" in table
+    fixed_run = _run_dir(tmp_path / "fixed", [(1.0, 1.2)])
+    assert "EOS" not in cl.render_capacity(json.loads((fixed_run / "ab.json").read_text()))
+    assert main(["--report", str(tmp_path / "m"), "--merge", str(fixed_run), str(eos)]) == 2
+    assert "ignore_eos" in capsys.readouterr().err
+    other = _run_dir(tmp_path / "eos256", [(1.0, 1.2)], ignore_eos=False, bound=256)
+    assert main(["--report", str(tmp_path / "m2"), "--merge", str(eos), str(other)]) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+    # the planner takes output_tokens as lengths: an EOS run is refused with the reason
+    from superinfer_sgl.sim import capacity_validate
+
+    with pytest.raises(ValueError, match="stop at EOS"):
+        capacity_validate.check(eos)

@@ -116,3 +116,25 @@ def test_prompts_have_the_requested_templated_length(model_dir: Path, tmp_path: 
     contents = [json.loads(l)["messages"][0]["content"] for l in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert len({c.split("]")[0] for c in contents}) == len(contents)  # unique tags: no shared prefix
     assert builder.build(3, 100) == builder.build(3, 100)
+
+
+def test_prompts_that_may_stop_at_eos_end_with_the_question_inside_their_counted_length(model_dir: Path,
+                                                                                        tmp_path: Path) -> None:
+    import json
+
+    from transformers import AutoTokenizer
+
+    from superinfer_sgl.bench.prompts import QUESTION
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    plain, asked = PromptBuilder(tok), PromptBuilder(tok, QUESTION)
+    reqs = [BenchRequest(i, n, 128, SLO) for i, n in enumerate((64, 100, 257))]
+    lens = write_dataset(tmp_path / "q.jsonl", reqs, asked)
+    for r, n, line in zip(reqs, lens, (tmp_path / "q.jsonl").read_text().splitlines()):
+        msgs = json.loads(line)["messages"]
+        assert msgs[0]["content"].endswith("\n\n" + QUESTION)
+        assert r.prompt_tokens - 3 <= n <= r.prompt_tokens  # the question counts toward the prompt's length
+        assert len(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)) == n
+        assert json.loads(line)["max_tokens"] == 128  # the bound the server sees
+    assert asked.min_tokens > plain.min_tokens
+    assert not plain.build(1, 100)[0].endswith(QUESTION)  # fixed-length prompts as before
