@@ -83,15 +83,42 @@ def repeat_requests(doc: dict, ab_path: Path, k: int) -> tuple[list[dict] | None
     return reqs, ids
 
 
+def with_measured_outputs(doc: dict, k: int, reqs: list[dict] | None,
+                          ids: list[list[int]] | None) -> tuple[list[dict] | None, list[list[int]] | None]:
+    """Repeat k's rows as served. Requests that could stop at EOS (ab_bench --no-ignore-eos): their
+    `output_tokens` was only the bound the server saw (now `max_new_tokens`); the length is the one
+    the model decoded, the median over every point of every system in the repeat (greedy, so
+    nearly always one value; a request no point completed keeps its bound)."""
+    if reqs is None or doc["config"].get("ignore_eos", True):
+        return reqs, ids
+    seen: list[list[int]] = [[] for _ in reqs]
+    for pts in doc["results"].values():
+        for p in pts:
+            if p.get("repeat", 0) != k:
+                continue
+            for i, (ok, n) in enumerate(zip(p["requests"]["success"], p["requests"]["output_len"])):
+                if ok and n and i < len(seen):
+                    seen[i].append(int(n))
+    rows = []
+    for r, lens in zip(reqs, seen):
+        bound = int(r["output_tokens"])
+        out = min(bound, int(statistics.median(lens))) if lens else bound
+        rows.append({**r, "output_tokens": out, "max_new_tokens": bound})
+    return rows, ids
+
+
 def population(sets: Sequence[tuple[list[dict], list[list[int]] | None]]) -> Population:
     """Every repeat's requests as (prompt, output, cached) rows; cached = the longest prefix shared
-    with an earlier request of its repeat (the template's system prefix and a little more)."""
-    rows = []
+    with an earlier request of its repeat (the template's system prefix and a little more); with
+    each row's max_new_tokens where the requests could stop at EOS."""
+    rows, bounds = [], []
     for reqs, ids in sets:
         cached = earlier_prefixes(ids) if ids else [0] * len(reqs)
         rows += [(int(r["prompt_tokens"]), int(r["output_tokens"]), min(c, int(r["prompt_tokens"]) - 1))
                  for r, c in zip(reqs, cached)]
-    return Population(tuple(rows))
+        bounds += [int(r.get("max_new_tokens") or r["output_tokens"]) for r in reqs]
+    eos = any(r.get("max_new_tokens") for reqs, _ in sets for r in reqs)
+    return Population(tuple(rows), tuple(bounds) if eos else ())
 
 
 def classes(reqs: Sequence[dict]) -> tuple[MixClass, ...]:
@@ -184,15 +211,12 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
     if (cfg.get("slo_rule") or "gaps") != "gaps":
         raise ValueError(f"{ab_path}: searched under the {cfg['slo_rule']!r} TBT rule; the planner and the replay "
                          "answer under the server's (90% of gaps) only")
-    if not cfg.get("ignore_eos", True):
-        raise ValueError(f"{ab_path}: its requests could stop at EOS (--no-ignore-eos), so their lengths were the "
-                         "model's; the planner and the replay take each request's output_tokens as its length")
     live_grid = CapacityGrid(**cfg["capacity_grid"])
     grid = CapacityGrid(live_grid.target, live_grid.lo / 4, live_grid.hi * 2, PLANNER_GROWTH, resolution)
     measured = doc.get("capacity") or _summary(doc)
     runs = doc.get("capacity_runs") or []
     repeats = sorted({(int(r["repeat"]), int(r["seed"])) for r in runs})
-    sets = {k: repeat_requests(doc, ab_path, k) for k, _ in repeats}
+    sets = {k: with_measured_outputs(doc, k, *repeat_requests(doc, ab_path, k)) for k, _ in repeats}
     have = [sets[k] for k in sorted(sets) if sets[k][0] is not None]
     mix = classes([r for reqs, _ in have for r in reqs])
     pop = population(have)
@@ -246,6 +270,8 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
             "classes": [{"name": c.name, "share": c.rate / sum(x.rate for x in mix), "ttft_ms": 1000 * c.ttft_s,
                          "tbt_ms": 1000 * c.tbt_s} for c in mix],
             "requests_per_point": len(cfg["requests"]), "population": len(pop.rows),
+            "eos": "requests could stop at EOS: each at the length the model decoded, the server seeing "
+                   "only its bound (max_new_tokens)" if pop.bounds else None,
             "prefix_cache": "chat-templated prompts tokenized: shared prefixes reused" if any(ids for _, ids in have)
             else "not modelled (no dataset.jsonl or tokenizer): every prompt token computed",
             "planner": {"duration_s": duration, "seeds": seeds, "seed": seed, "grid": asdict(grid)},
@@ -331,7 +357,9 @@ def markdown(rep: dict) -> str:
              f"{rep['chunked_prefill']}; classes {cls}; target {100 * rep['target']:g}% joint. Planner: "
              f"{pl['duration_s']:g} s of Poisson arrivals x {pl['seeds']} seeds per rate, lengths drawn from the run's "
              f"{rep['population']} requests. Replay: the live search in the simulator, per repeat, with its "
-             f"{rep['requests_per_point']} requests and arrivals per point. Prefix cache: {rep['prefix_cache']}. "
+             f"{rep['requests_per_point']} requests and arrivals per point. "
+             + (f"Lengths: {rep['eos']}. " if rep.get("eos") else "")
+             + f"Prefix cache: {rep['prefix_cache']}. "
              f"Planner settings: {rep['planner_settings']}. Steps: "
              f"{'spread as each system logged them (within 3 s)' if rep.get('jitter') else 'the model time each'}.", "",
              "| system (policy) | speed x decode / prefill (source) | planner req/s | replay per repeat | "

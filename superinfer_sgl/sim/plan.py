@@ -61,15 +61,22 @@ class MixClass:
 @dataclass(frozen=True)
 class Population:
     """Request lengths drawn with replacement from recorded requests: per row its prompt and output
-    tokens and the prompt tokens the prefix cache serves (a chat template's shared prefix)."""
+    tokens and the prompt tokens the prefix cache serves (a chat template's shared prefix).
+    `bounds`, for requests that could stop at EOS: per row the max_new_tokens the server saw (the
+    output is what the model decoded); empty: fixed-length requests."""
 
     rows: tuple[tuple[int, int, int], ...]
+    bounds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.rows and all(p > c >= 0 and o >= 1 for p, o, c in self.rows), self.rows[:3]
+        assert not self.bounds or (len(self.bounds) == len(self.rows) and all(
+            b >= o for b, (_, o, _) in zip(self.bounds, self.rows))), "one bound >= the output per row"
 
-    def sample(self, rng: random.Random) -> tuple[int, int, int]:
-        return self.rows[rng.randrange(len(self.rows))]
+    def sample(self, rng: random.Random) -> tuple[int, int, int, int]:
+        """(prompt, output, cached, max_new_tokens); max_new_tokens 0: the output (fixed length)."""
+        i = rng.randrange(len(self.rows))
+        return (*self.rows[i], self.bounds[i] if self.bounds else 0)
 
 
 def mix_workload(classes: Sequence[MixClass], rate: float, duration: float, seed: int,
@@ -83,12 +90,12 @@ def mix_workload(classes: Sequence[MixClass], rate: float, duration: float, seed
     for i, t in enumerate(poisson_arrivals(rate, duration, rng)):
         c = rng.choices(classes, weights=[k.rate / total for k in classes])[0]
         if population is None:
-            (p, o), cached = SHAREGPT_LIKE.sample(rng), 0
+            (p, o), cached, bound = SHAREGPT_LIKE.sample(rng), 0, 0
         else:
-            p, o, cached = population.sample(rng)
+            p, o, cached, bound = population.sample(rng)
         rid = f"m{i}"
         specs.append(RequestSpec(rid, t, p, o, c.ttft_s, c.tbt_s, PRIORITY_STEP * by_ttft.index(c.ttft_s),
-                                 cached_tokens=cached, weight=c.weight))
+                                 cached_tokens=cached, weight=c.weight, max_new_tokens=bound))
         names[rid] = c.name
     return Workload(tuple(specs), f"mix of {', '.join(c.name for c in classes)} (seed {seed}, {rate:g} req/s)"), names
 
@@ -109,7 +116,8 @@ class PlanSpec:
 
     def config(self, policy: str) -> SimConfig:
         given = (self.configs or {}).get(policy)
-        return given if given is not None else Job("plan", policy, mixed_chunk=True).config()
+        eos = bool(self.population and self.population.bounds)  # the server saw bounds, not lengths
+        return given if given is not None else Job("plan", policy, mixed_chunk=True, ignore_eos=not eos).config()
 
     def worst_class_attainment(self, policy: str, classes: tuple[MixClass, ...], rate: float) -> float:
         """The lowest joint attainment of any class at `rate`, pooled over the seeds."""

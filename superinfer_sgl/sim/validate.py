@@ -161,7 +161,8 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
     Rotation quantum: --min-stint-ms (absent: 0, the servers before the option).
     Mixed chunk: SGLang's --enable-mixed-chunk, which our launcher adds for rotasched unless
     --no-mixed-resume (launch_server.prepare); --mix-prefill as given. TTFT shedding:
-    --[no-]ttft-shedding as given, else the default (off in A/Bs dated before it). Rotation
+    --[no-]ttft-shedding as given, else the default (off in A/Bs dated before it). Requests that
+    could stop at EOS (ab_bench --no-ignore-eos): ignore_eos False. Rotation
     budget: --rotation-budget-blocks, else the runtime's auto value
     (rotasched.planner.rotation_budget) without its measured link bound: an eighth of the pool in
     rotation blocks, at most the paper's 2400, at least 1 (on the CPU the link moves far more than
@@ -192,7 +193,8 @@ def system_config(cfg: dict, system: str, policy: str, kv_tokens: int) -> SimCon
         SimConfig.ttft_shedding and dated >= TTFT_SHEDDING_SINCE)
     return SimConfig(budget_blocks=blocks, block_tokens=bt, mixed_chunk=mixed, min_stint_s=quantum,
                      running_reserve=share, ttft_shedding=shedding,
-                     mix_prefill=flag_value(cmd, "--mix-prefill") or SimConfig.mix_prefill)
+                     mix_prefill=flag_value(cmd, "--mix-prefill") or SimConfig.mix_prefill,
+                     ignore_eos=bool(cfg.get("ignore_eos", True)))
 
 
 def system_policy(cfg: dict, system: str, policy_map: Mapping[str, str] | None = None) -> str | None:

@@ -200,7 +200,7 @@ def from_rows(rows: Iterable[dict], source: str, time_scale: float = 1.0) -> Wor
 def recorded_workload(reqs: Sequence[dict], arrivals: Sequence[float], source: str,
                       prompt_ids: Sequence[Sequence[int]] | None = None) -> Workload:
     """The A/B harness's request rows (prompt_tokens, output_tokens, ttft_slo_ms, tbt_slo_ms,
-    priority, weight) at their arrival offsets, request i as `ab{i}`. With the prompts' token ids,
+    priority, weight[, max_new_tokens: the bound of a request that could stop at EOS]) at their arrival offsets, request i as `ab{i}`. With the prompts' token ids,
     each request's cached_tokens is its longest common prefix with any earlier arrival (what
     SGLang's radix cache finds at admission if nothing was evicted)."""
     assert len(arrivals) == len(reqs), (len(arrivals), len(reqs))
@@ -213,7 +213,7 @@ def recorded_workload(reqs: Sequence[dict], arrivals: Sequence[float], source: s
         specs.append(RequestSpec(f"ab{i}", float(arrivals[i]), prompt, int(r["output_tokens"]),
                                  float(r["ttft_slo_ms"]) / 1000.0, float(r["tbt_slo_ms"]) / 1000.0,
                                  int(r.get("priority") or 0), cached_tokens=min(hit, prompt - 1),
-                                 weight=float(r.get("weight") or 1.0)))
+                                 weight=float(r.get("weight") or 1.0), max_new_tokens=int(r.get("max_new_tokens") or 0)))
     return Workload(tuple(specs), source)
 
 

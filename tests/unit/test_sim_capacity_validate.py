@@ -224,3 +224,34 @@ def test_steps_spread_as_the_run_logged_them(tmp_path: Path) -> None:
     sims = [[sim for x in rep["rows"][1]["replay"] if "at_measured_rates" in x for _, _, sim in x["at_measured_rates"]]
             + [rep["rows"][1]["planner_req_s"]] for rep in (on, off)]
     assert sims[0] != sims[1]
+
+
+def test_requests_that_could_stop_at_eos_are_replayed_at_the_lengths_the_model_decoded() -> None:
+    """ab_bench --no-ignore-eos: output_tokens in the run is the bound; the points hold the lengths."""
+    reqs = [{**r, "output_tokens": 64} for r in _requests()[:4]]
+    decoded = [10, 20, 64, 7]
+    point = {"repeat": 0, "requests": {"success": [True, True, True, False], "output_len": decoded}}
+    doc = {"config": {"ignore_eos": False}, "results": {"sglang": [point], "superinfer": [
+        {"repeat": 0, "requests": {"success": [True] * 4, "output_len": [10, 22, 64, 7]}},
+        {"repeat": 1, "requests": {"success": [True] * 4, "output_len": [99, 99, 99, 99]}}]}}  # another repeat
+    rows, _ = cv.with_measured_outputs(doc, 0, reqs, None)
+    assert [r["output_tokens"] for r in rows] == [10, 21, 64, 7]  # per request the median of the points
+    assert {r["max_new_tokens"] for r in rows} == {64}
+    fixed = {**doc, "config": {}}  # runs before --no-ignore-eos: fixed-length, as recorded
+    assert cv.with_measured_outputs(fixed, 0, reqs, None)[0] is reqs
+    pop = cv.population([(rows, None)])
+    assert pop.bounds == (64,) * 4 and [o for _, o, _ in pop.rows] == [10, 21, 64, 7]
+    wl, _ = mix_workload((MixClass("x", 1.0, 4.0, 0.6),), 5.0, 20.0, seed=2, population=pop)
+    assert wl.requests and all(r.max_new_tokens == 64 for r in wl.requests)
+    replayed = recorded_workload(rows, [0.1 * i for i in range(4)], "eos")
+    assert [(r.output_tokens, r.max_new_tokens) for r in replayed.requests] == [(10, 64), (21, 64), (64, 64), (7, 64)]
+    # the simulator then serves them as requests of unknown length: SGLang's decayed reserve, the learned share
+    assert not validate.system_config({"server_commands": COMMANDS, "ignore_eos": False}, "sglang", "sglang",
+                                      1536).ignore_eos
+    assert validate.system_config({"server_commands": COMMANDS}, "sglang", "sglang", 1536).ignore_eos
+    from superinfer_sgl.sim.plan import PlanSpec
+
+    assert not PlanSpec(PROFILE, (), population=pop).config("goodput").ignore_eos
+    assert PlanSpec(PROFILE, (), population=cv.population([(reqs, None)])).config("goodput").ignore_eos
+    with pytest.raises(AssertionError):
+        Population(((100, 20, 0),), bounds=(10,))  # a bound under the output
