@@ -192,3 +192,10 @@ def test_report_is_rebuilt_from_ab_json_alone(tmp_path: Path) -> None:
     assert "| 2 | superinfer | 2 | 80 | 87.5% |" in table and "superinfer ahead at 2 req/s" in table
     assert (tmp_path / "attainment.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "ab.json").read_text())["comparisons"]  # written back
+    assert "EOS" not in table
+    # requests that could stop at EOS (--no-ignore-eos): the table says the bound and what was decoded
+    eos = {**cfg, "ignore_eos": False, "max_new_tokens": 64, "requests": [{"slo_class": None, "output_tokens": 64}] * 40}
+    (tmp_path / "ab.json").write_text(json.dumps({"config": eos, "results": results, "errors": {}}))
+    rereport(tmp_path)
+    assert ("Requests may stop at EOS (the server sees only the bound: 64 tokens); output lengths measured: sglang "
+            "mean 10.0 tokens (median 10, 80 requests)") in (tmp_path / "table.md").read_text()
