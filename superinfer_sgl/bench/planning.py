@@ -185,6 +185,9 @@ def build_requests(a: argparse.Namespace, p: Profile, tokenizer: object) -> tupl
         if a.workload == "mixed":
             reqs = assign_classes(reqs, parse_mix(p.class_mix), classes, a.seed)
     bound = getattr(a, "max_new_tokens", None)
+    if getattr(a, "no_ignore_eos", False) and p.dummy_model and not getattr(a, "model_path", None):
+        raise ValueError(f"--no-ignore-eos: the {p.name} profile serves random weights ({p.dummy_model}), whose "
+                         "EOS is arbitrary; give --model-path a real model")
     if bound is not None:
         if not getattr(a, "no_ignore_eos", False):
             raise ValueError("--max-new-tokens needs --no-ignore-eos: a fixed-length request decodes all it asks for")

@@ -73,7 +73,10 @@ def run_point(plan: Plan, spec: SystemSpec, server: Any, i: int, pt: SweepPoint,
     if not server.alive():
         raise ServerError(f"{spec.name} died during {pt.label}:\n{server.log_tail()}")
     slos = [(r.slo.ttft_ms, r.slo.tbt_ms, r.slo_class) for r in plan.requests]
-    outcomes = outcomes_from_details(run.details, slos, [r.output_tokens for r in plan.requests])
+    # A failed request misses every gap it was to have: its length, known only for fixed-length
+    # requests (one that could stop at EOS counts none rather than its whole bound).
+    expected = [r.output_tokens if plan.ignore_eos else 0 for r in plan.requests]
+    outcomes = outcomes_from_details(run.details, slos, expected)
     summary = summarize(outcomes, float(run.details["duration"]))
     return {
         "rate": pt.rate, "label": pt.label, "offered_rate": offered_rate(pt.arrivals),

@@ -85,26 +85,11 @@ def repeat_requests(doc: dict, ab_path: Path, k: int) -> tuple[list[dict] | None
 
 def with_measured_outputs(doc: dict, k: int, reqs: list[dict] | None,
                           ids: list[list[int]] | None) -> tuple[list[dict] | None, list[list[int]] | None]:
-    """Repeat k's rows as served. Requests that could stop at EOS (ab_bench --no-ignore-eos): their
-    `output_tokens` was only the bound the server saw (now `max_new_tokens`); the length is the one
-    the model decoded, the median over every point of every system in the repeat (greedy, so
-    nearly always one value; a request no point completed keeps its bound)."""
-    if reqs is None or doc["config"].get("ignore_eos", True):
+    """Repeat k's rows as served (validate.served_rows over every system's points of the repeat)."""
+    if reqs is None:
         return reqs, ids
-    seen: list[list[int]] = [[] for _ in reqs]
-    for pts in doc["results"].values():
-        for p in pts:
-            if p.get("repeat", 0) != k:
-                continue
-            for i, (ok, n) in enumerate(zip(p["requests"]["success"], p["requests"]["output_len"])):
-                if ok and n and i < len(seen):
-                    seen[i].append(int(n))
-    rows = []
-    for r, lens in zip(reqs, seen):
-        bound = int(r["output_tokens"])
-        out = min(bound, int(statistics.median(lens))) if lens else bound
-        rows.append({**r, "output_tokens": out, "max_new_tokens": bound})
-    return rows, ids
+    points = [p for pts in doc["results"].values() for p in pts if p.get("repeat", 0) == k]
+    return validate.served_rows(doc["config"], reqs, points), ids
 
 
 def population(sets: Sequence[tuple[list[dict], list[list[int]] | None]]) -> Population:

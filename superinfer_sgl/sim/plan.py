@@ -123,6 +123,8 @@ class PlanSpec:
         """The lowest joint attainment of any class at `rate`, pooled over the seeds."""
         profile = self.profile if isinstance(self.profile, Profile) else resolve_profile(self.profile)
         config = self.config(policy)
+        # bounds mean the server saw only max_new_tokens: a fixed-length config would reserve them all
+        assert not (self.population and self.population.bounds and config.ignore_eos), policy
         met: dict[str, list[int]] = {c.name: [0, 0] for c in classes}
         for s in range(self.seed, self.seed + self.seeds):
             wl, names = mix_workload(classes, rate, self.duration, s, self.population)

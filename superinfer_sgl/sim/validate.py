@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,17 +75,43 @@ def find_ab(path: Path) -> Path:
     raise FileNotFoundError(f"no A/B results at {path} (nor {path.parent}/{path.stem}*/ab.json)")
 
 
+def served_rows(cfg: dict, rows: list[dict], points: Sequence[dict]) -> list[dict]:
+    """The harness's request rows as served at `points` (points of one repeat: same requests).
+    Fixed-length requests: as recorded. Requests that could stop at EOS (ab_bench --no-ignore-eos):
+    a row's `output_tokens` was only the bound the server saw, now its `max_new_tokens`; its length
+    is what the model decoded, the median over the points that completed it (greedy: nearly always
+    one value); a request no point completed keeps its bound."""
+    if cfg.get("ignore_eos", True):
+        return rows
+    seen: list[list[int]] = [[] for _ in rows]
+    for p in points:
+        got = p["requests"]
+        if len(got["output_len"]) != len(rows):
+            raise ValueError(f"a point at {p.get('rate')} req/s holds {len(got['output_len'])} requests, "
+                             f"the repeat {len(rows)}")
+        for i, (ok, n) in enumerate(zip(got["success"], got["output_len"])):
+            if ok and n:
+                seen[i].append(int(n))
+    return [{**r, "output_tokens": min(int(r["output_tokens"]), round(statistics.median(lens))) if lens
+             else int(r["output_tokens"]), "max_new_tokens": int(r["output_tokens"])} for r, lens in zip(rows, seen)]
+
+
 def ab_workload(doc: dict, ab_path: Path, index: int,
-                prompt_ids: Sequence[Sequence[int]] | None = None) -> Workload:
+                prompt_ids: Sequence[Sequence[int]] | None = None, point: dict | None = None) -> Workload:
     """The A/B point's requests at their measured arrival times (workload.recorded_workload: with
     the prompts' token ids, each request's longest common prefix with an earlier arrival is
-    cached, what SGLang's radix cache finds at admission if nothing was evicted)."""
+    cached, what SGLang's radix cache finds at admission if nothing was evicted); requests that
+    could stop at EOS at the lengths `point` (the system's measured point) decoded."""
     cfg = doc["config"]
     sched = ab_path.parent / "schedules" / f"{index:02d}.json"
     arrivals = json.loads(sched.read_text())["arrivals_s"]
     if len(arrivals) != len(cfg["requests"]):
         raise ValueError(f"{sched}: {len(arrivals)} arrivals for {len(cfg['requests'])} requests")
-    return recorded_workload(cfg["requests"], arrivals, f"A/B workload {ab_path} point {index} ({cfg.get('workload')})",
+    if not cfg.get("ignore_eos", True) and not (point and point.get("requests")):
+        raise ValueError(f"{ab_path} point {index}: its requests could stop at EOS and no measured point says "
+                         "what lengths they decoded")
+    rows = served_rows(cfg, cfg["requests"], [point] if point else [])
+    return recorded_workload(rows, arrivals, f"A/B workload {ab_path} point {index} ({cfg.get('workload')})",
                              prompt_ids)
 
 
@@ -319,7 +346,7 @@ def validate(ab_path: Path, profile: Profile, policy_map: dict[str, str] | None 
         # --rescale (a shared machine drifts within minutes): to the speed of the point's own
         # iterations where the server logged them, else to the probe right before the point, else
         # to the A/B's opening probe
-        workload = ab_workload(doc, ab_path, pt.index, prompt_ids)
+        workload = ab_workload(doc, ab_path, pt.index, prompt_ids, point)
         pt_prof, pt_scales, source = point_profile(profile, ab_path, pt.system, point, workload.requests[0].arrival,
                                                     step_log_use) \
             if rescale and workload.requests else (None,) * 3

@@ -329,6 +329,10 @@ def test_requests_that_may_stop_at_eos_reach_the_load_generator_and_the_report(t
     fixed = parser().parse_args(["--num-requests", "20"])
     fixed.workload = "sharegpt"
     assert build_requests(b, p, None)[0] == build_requests(fixed, p, None)[0]  # the same draws, as bounds
+    gpu = parser().parse_args(["--profile", "gpu", "--no-ignore-eos"])
+    gpu.workload = "sharegpt"
+    with pytest.raises(ValueError, match="random weights"):
+        build_requests(gpu, resolve_profile(gpu), None)
     for bad in (["--max-new-tokens", "128"], ["--no-ignore-eos", "--max-new-tokens", "0"]):
         c = parser().parse_args(bad)
         c.workload = "sharegpt"

@@ -226,25 +226,39 @@ def test_steps_spread_as_the_run_logged_them(tmp_path: Path) -> None:
     assert sims[0] != sims[1]
 
 
-def test_requests_that_could_stop_at_eos_are_replayed_at_the_lengths_the_model_decoded() -> None:
+def test_requests_that_could_stop_at_eos_are_replayed_at_the_lengths_the_model_decoded(tmp_path: Path) -> None:
     """ab_bench --no-ignore-eos: output_tokens in the run is the bound; the points hold the lengths."""
-    reqs = [{**r, "output_tokens": 64} for r in _requests()[:4]]
-    decoded = [10, 20, 64, 7]
-    point = {"repeat": 0, "requests": {"success": [True, True, True, False], "output_len": decoded}}
+    bounds = [64, 32, 64, 48]
+    reqs = [{**r, "output_tokens": b} for r, b in zip(_requests()[:4], bounds)]
+    point = {"repeat": 0, "rate": 1.0, "requests": {"success": [True, True, True, False], "output_len": [10, 20, 64, 50]}}
     doc = {"config": {"ignore_eos": False}, "results": {"sglang": [point], "superinfer": [
         {"repeat": 0, "requests": {"success": [True] * 4, "output_len": [10, 22, 64, 7]}},
-        {"repeat": 1, "requests": {"success": [True] * 4, "output_len": [99, 99, 99, 99]}}]}}  # another repeat
+        {"repeat": 1, "requests": {"success": [True] * 4, "output_len": [30, 30, 30, 30]}}]}}  # another repeat
     rows, _ = cv.with_measured_outputs(doc, 0, reqs, None)
-    assert [r["output_tokens"] for r in rows] == [10, 21, 64, 7]  # per request the median of the points
-    assert {r["max_new_tokens"] for r in rows} == {64}
+    # per request the median of the points that completed it (a failed one's length is not one)
+    assert [r["output_tokens"] for r in rows] == [10, 21, 64, 7]
+    assert [r["max_new_tokens"] for r in rows] == bounds
+    assert [r["output_tokens"] for r in cv.with_measured_outputs(doc, 1, reqs, None)[0]] == [30, 30, 30, 30]
     fixed = {**doc, "config": {}}  # runs before --no-ignore-eos: fixed-length, as recorded
     assert cv.with_measured_outputs(fixed, 0, reqs, None)[0] is reqs
+    short = {"repeat": 0, "requests": {"success": [True] * 3, "output_len": [1, 2, 3]}}
+    with pytest.raises(ValueError, match="holds 3 requests"):
+        validate.served_rows(doc["config"], reqs, [short])
     pop = cv.population([(rows, None)])
-    assert pop.bounds == (64,) * 4 and [o for _, o, _ in pop.rows] == [10, 21, 64, 7]
-    wl, _ = mix_workload((MixClass("x", 1.0, 4.0, 0.6),), 5.0, 20.0, seed=2, population=pop)
-    assert wl.requests and all(r.max_new_tokens == 64 for r in wl.requests)
+    assert pop.bounds == tuple(bounds) and [o for _, o, _ in pop.rows] == [10, 21, 64, 7]
+    wl, _ = mix_workload((MixClass("x", 1.0, 4.0, 0.6),), 5.0, 40.0, seed=2, population=pop)
+    pairs = {(r.output_tokens, r.max_new_tokens) for r in wl.requests}
+    assert pairs == {(10, 64), (21, 32), (64, 64), (7, 48)}  # each row keeps its own bound
     replayed = recorded_workload(rows, [0.1 * i for i in range(4)], "eos")
-    assert [(r.output_tokens, r.max_new_tokens) for r in replayed.requests] == [(10, 64), (21, 64), (64, 64), (7, 64)]
+    assert [(r.output_tokens, r.max_new_tokens) for r in replayed.requests] == [(10, 64), (21, 32), (64, 64), (7, 48)]
+    # sim validate (one point): that point's own lengths
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "00.json").write_text(json.dumps({"arrivals_s": [0.0, 0.1, 0.2, 0.3]}))
+    eos_doc = {"config": {"ignore_eos": False, "requests": reqs}}
+    wl = validate.ab_workload(eos_doc, tmp_path / "ab.json", 0, point=point)
+    assert [(r.output_tokens, r.max_new_tokens) for r in wl.requests] == [(10, 64), (20, 32), (64, 64), (48, 48)]
+    with pytest.raises(ValueError, match="could stop at EOS"):
+        validate.ab_workload(eos_doc, tmp_path / "ab.json", 0)
     # the simulator then serves them as requests of unknown length: SGLang's decayed reserve, the learned share
     assert not validate.system_config({"server_commands": COMMANDS, "ignore_eos": False}, "sglang", "sglang",
                                       1536).ignore_eos
