@@ -49,7 +49,7 @@ from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim.plan import MixClass, PlanSpec, Population, replica_capacity
 from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
-from superinfer_sgl.sim.workload import earlier_prefixes, recorded_workload
+from superinfer_sgl.sim.workload import earlier_prefixes, recorded_workload, served_rows
 
 SPEED_SOURCES = ("auto", "steplog", "probes", "calibration")
 PLANNER_GROWTH = 1.25  # the planner's own grid ratio (sim capacity / plan default)
@@ -85,11 +85,11 @@ def repeat_requests(doc: dict, ab_path: Path, k: int) -> tuple[list[dict] | None
 
 def with_measured_outputs(doc: dict, k: int, reqs: list[dict] | None,
                           ids: list[list[int]] | None) -> tuple[list[dict] | None, list[list[int]] | None]:
-    """Repeat k's rows as served (validate.served_rows over every system's points of the repeat)."""
+    """Repeat k's rows as served (workload.served_rows over every system's points of the repeat)."""
     if reqs is None:
         return reqs, ids
     points = [p for pts in doc["results"].values() for p in pts if p.get("repeat", 0) == k]
-    return validate.served_rows(doc["config"], reqs, points), ids
+    return served_rows(doc["config"], reqs, points), ids
 
 
 def population(sets: Sequence[tuple[list[dict], list[list[int]] | None]]) -> Population:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from superinfer_sgl.sim.engine import SimConfig
 from superinfer_sgl.sim import steplog
 from superinfer_sgl.sim.profile import Profile, resolve_profile
 from superinfer_sgl.sim.runner import simulate
-from superinfer_sgl.sim.workload import Workload, earlier_prefixes, recorded_workload  # noqa: F401 (re-exported)
+from superinfer_sgl.sim.workload import Workload, earlier_prefixes, recorded_workload, served_rows  # noqa: F401 (re-exported)
 
 # A/B system name -> simulator policy. "superinfer" is our runtime as it is today: LVF over the
 # rotation engine's one call per step for both directions, with eager sync (its defaults).
@@ -75,41 +74,18 @@ def find_ab(path: Path) -> Path:
     raise FileNotFoundError(f"no A/B results at {path} (nor {path.parent}/{path.stem}*/ab.json)")
 
 
-def served_rows(cfg: dict, rows: list[dict], points: Sequence[dict]) -> list[dict]:
-    """The harness's request rows as served at `points` (points of one repeat: same requests).
-    Fixed-length requests: as recorded. Requests that could stop at EOS (ab_bench --no-ignore-eos):
-    a row's `output_tokens` was only the bound the server saw, now its `max_new_tokens`; its length
-    is what the model decoded, the median over the points that completed it (greedy: nearly always
-    one value); a request no point completed keeps its bound."""
-    if cfg.get("ignore_eos", True):
-        return rows
-    seen: list[list[int]] = [[] for _ in rows]
-    for p in points:
-        got = p["requests"]
-        if len(got["output_len"]) != len(rows):
-            raise ValueError(f"a point at {p.get('rate')} req/s holds {len(got['output_len'])} requests, "
-                             f"the repeat {len(rows)}")
-        for i, (ok, n) in enumerate(zip(got["success"], got["output_len"])):
-            if ok and n:
-                seen[i].append(int(n))
-    return [{**r, "output_tokens": min(int(r["output_tokens"]), round(statistics.median(lens))) if lens
-             else int(r["output_tokens"]), "max_new_tokens": int(r["output_tokens"])} for r, lens in zip(rows, seen)]
-
-
 def ab_workload(doc: dict, ab_path: Path, index: int,
                 prompt_ids: Sequence[Sequence[int]] | None = None, point: dict | None = None) -> Workload:
     """The A/B point's requests at their measured arrival times (workload.recorded_workload: with
-    the prompts' token ids, each request's longest common prefix with an earlier arrival is
-    cached, what SGLang's radix cache finds at admission if nothing was evicted); requests that
-    could stop at EOS at the lengths `point` (the system's measured point) decoded."""
+    the prompts' ids, each request's longest prefix shared with an earlier arrival is cached, as
+    SGLang's radix cache finds it); requests that could stop at EOS at the lengths `point` decoded."""
     cfg = doc["config"]
     sched = ab_path.parent / "schedules" / f"{index:02d}.json"
     arrivals = json.loads(sched.read_text())["arrivals_s"]
     if len(arrivals) != len(cfg["requests"]):
         raise ValueError(f"{sched}: {len(arrivals)} arrivals for {len(cfg['requests'])} requests")
     if not cfg.get("ignore_eos", True) and not (point and point.get("requests")):
-        raise ValueError(f"{ab_path} point {index}: its requests could stop at EOS and no measured point says "
-                         "what lengths they decoded")
+        raise ValueError(f"{ab_path} point {index}: its requests could stop at EOS; no measured point gives their lengths")
     rows = served_rows(cfg, cfg["requests"], [point] if point else [])
     return recorded_workload(rows, arrivals, f"A/B workload {ab_path} point {index} ({cfg.get('workload')})",
                              prompt_ids)

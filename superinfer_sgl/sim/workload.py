@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import math
 import random
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -195,6 +196,27 @@ def from_rows(rows: Iterable[dict], source: str, time_scale: float = 1.0) -> Wor
     reqs = tuple(RequestSpec(rid, (t - t0) * time_scale, max(1, p), max(1, o), ttft, tbt, prio)
                  for t, p, o, ttft, tbt, prio, rid in parsed)
     return Workload(reqs, source)
+
+
+def served_rows(cfg: dict, rows: list[dict], points: Sequence[dict]) -> list[dict]:
+    """The harness's request rows as served at `points` (points of one repeat: same requests).
+    Fixed-length requests: as recorded. Requests that could stop at EOS (ab_bench --no-ignore-eos):
+    a row's `output_tokens` was only the bound the server saw, now its `max_new_tokens`; its length
+    is what the model decoded, the median over the points that completed it (greedy: nearly always
+    one value); a request no point completed keeps its bound."""
+    if cfg.get("ignore_eos", True):
+        return rows
+    seen: list[list[int]] = [[] for _ in rows]
+    for p in points:
+        got = p["requests"]
+        if len(got["output_len"]) != len(rows):
+            raise ValueError(f"a point at {p.get('rate')} req/s holds {len(got['output_len'])} requests, "
+                             f"the repeat {len(rows)}")
+        for i, (ok, n) in enumerate(zip(got["success"], got["output_len"])):
+            if ok and n:
+                seen[i].append(int(n))
+    return [{**r, "output_tokens": min(int(r["output_tokens"]), round(statistics.median(lens))) if lens
+             else int(r["output_tokens"]), "max_new_tokens": int(r["output_tokens"])} for r, lens in zip(rows, seen)]
 
 
 def recorded_workload(reqs: Sequence[dict], arrivals: Sequence[float], source: str,

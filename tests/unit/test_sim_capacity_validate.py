@@ -21,7 +21,7 @@ from superinfer_sgl.sim.capacity import CapacityGrid, find_capacity
 from superinfer_sgl.sim.plan import MixClass, Population, mix_workload
 from superinfer_sgl.sim.profile import resolve_profile
 from superinfer_sgl.sim.runner import simulate
-from superinfer_sgl.sim.workload import recorded_workload
+from superinfer_sgl.sim.workload import recorded_workload, served_rows
 
 SLOWER = 3.0
 N = 16
@@ -243,7 +243,7 @@ def test_requests_that_could_stop_at_eos_are_replayed_at_the_lengths_the_model_d
     assert cv.with_measured_outputs(fixed, 0, reqs, None)[0] is reqs
     short = {"repeat": 0, "requests": {"success": [True] * 3, "output_len": [1, 2, 3]}}
     with pytest.raises(ValueError, match="holds 3 requests"):
-        validate.served_rows(doc["config"], reqs, [short])
+        served_rows(doc["config"], reqs, [short])
     pop = cv.population([(rows, None)])
     assert pop.bounds == tuple(bounds) and [o for _, o, _ in pop.rows] == [10, 21, 64, 7]
     wl, _ = mix_workload((MixClass("x", 1.0, 4.0, 0.6),), 5.0, 40.0, seed=2, population=pop)
