@@ -93,8 +93,9 @@ class SuperInferConfig:
     # policy's default (rotasched.planner.quantum_s): 5 s with --policy paper, 20 measured
     # rotation costs with goodput.
     min_stint_ms: float | None = None
-    # The decode reserve a running fixed-length (ignore_eos) request keeps, as a share of its
-    # remaining outputs (rotasched.planner.running_reserve_ratio; SGLang keeps all of them, 1).
+    # The decode reserve a running request keeps, as a share of SGLang's (all its remaining outputs
+    # when fixed-length, ignore_eos; its decaying estimate when it may stop at EOS):
+    # rotasched.planner.running_reserve_ratio.
     # None (auto): the policy's (0.4 with goodput, 1 with paper); 1 whenever rotation is off.
     running_reserve: float | None = None
     # None (auto): what the KV link, as measured at startup, moves in one measured decode step,
@@ -285,8 +286,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         "auto, the default: 5000 with --policy paper, 20 measured rotation costs "
                         "with goodput)")
     g.add_argument("--running-reserve", type=_or_auto(float), default=d.running_reserve, metavar="{SHARE,auto}",
-                   help="decode memory a running fixed-length (ignore_eos) request keeps back, as a share "
-                        "of its remaining outputs (SGLang: 1, all of them); below 1 more requests share "
+                   help="decode memory a running request keeps back, as a share of SGLang's reserve (all its "
+                        "remaining outputs with ignore_eos, else SGLang's decaying estimate); below 1 more requests share "
                         "the device KV pool and LVF rotates one out to host memory when it runs short "
                         "(auto, the default: 0.4 with goodput, 1 with paper; 1 whenever rotation is off)")
     g.add_argument("--rotation-budget-blocks", type=_or_auto(int), default=d.rotation_budget_blocks,

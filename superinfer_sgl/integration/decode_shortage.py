@@ -16,11 +16,12 @@ requeued), and the new-token ratio SGLang's rule gives for the batch left
 (`estimate_new_token_ratio_after_retract`, as after a retraction: admission stays as cautious as it
 would have been).
 
-Victims, first to last: requests that can no longer meet their SLOs (TTFT missed or TBT lost: the
-goodput policy's `lost`, its only rotate-out victims; lower class weight first), then everyone else;
-within each, SGLang's own retraction order (fewest outputs, then longest prompt; or its priority
-order). A lost request loses nothing it could still win by a pause; SGLang's order is kept beyond
-that, so the batch that stays is the one SGLang would have kept. As in SGLang's loop: at least one
+Victims, first to last (`rotasched.shortage.victim_key`, which the simulator shares): requests that
+can no longer meet their SLOs (TTFT missed or TBT lost: the goodput policy's `lost`, its only
+rotate-out victims; lower class weight first), then everyone else; within each, SGLang's own
+retraction order (fewest outputs, then longest prompt; or its priority order). A lost request loses
+nothing it could still win by a pause; SGLang's order is kept beyond that, so the batch that stays
+is the one SGLang would have kept. As in SGLang's loop: at least one
 request is taken (its forced test retraction takes one even when memory is not short), then one more
 while the next step does not fit, and the last request is never taken. Only rotatable requests
 (`may_rotate`: not mid-prefill or in a prefill still in flight under the overlap scheduler, a decode
@@ -46,6 +47,7 @@ import time
 from typing import Any, Callable
 
 from ..rotasched import ReqState
+from ..rotasched.shortage import victim_key
 from . import copy_metrics, rotation
 from .metrics import SHORTAGE_ROTATED
 from .views import BatchRows, rotatable
@@ -116,10 +118,9 @@ def victim_order(rt: Any, batch: Any) -> list[str]:
         if clk is None or not may_rotate(rt.sched, req):
             continue
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
-        lost = clk.ttft_met is False or clk.misses_left(left if left > 0 else 0) < 0
-        rows.append(((0, clk.slo.weight) if lost else (1, 0.0), sglang_turn[i], req.rid))
+        rows.append((victim_key(clk, left, sglang_turn[i]), req.rid))
     rows.sort()
-    return [row[2] for row in rows]
+    return [row[1] for row in rows]
 
 
 def may_rotate(sched: Any, req: Any) -> bool:

@@ -65,7 +65,7 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     # A resumed or recomputed request's penalty state (frequency, presence, repetition,
     # min_new_tokens) lives in batch rows that SGLang builds empty: refilled from its outputs.
     yield "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", _restore_penalties, HookType.AFTER
-    # A running fixed-length request's decode reserve in SGLang's admission budget: the same rule
+    # A running request's decode reserve in SGLang's admission budget: the same rule
     # as our views (views.running_reserve, --running-reserve), so both count the same free memory.
     yield ADDER_RUNNING_RESERVE, _running_offset, HookType.AROUND
     yield STREAMER, _streamer_class(), HookType.REPLACE
@@ -107,7 +107,7 @@ def _restore_penalties(result: None, batch: Any, *args: Any, **kwargs: Any) -> N
 
 def _running_offset(original: Callable[..., Any], adder: Any, req: Any) -> Any:
     rt = _RUNTIME
-    if rt is None or rt.running_share == 1.0 or not req.sampling_params.ignore_eos:
+    if rt is None or rt.running_share == 1.0:
         return original(adder, req)  # SGLang's own estimate
     from .views import running_reserve
 

@@ -64,8 +64,8 @@ class RotaSchedRuntime:
         self.rotate_every, self.hold_rotary = cfg.test_rotate_interval, cfg.test_hold_rotary_iters
         self.broadcast: Callable[[object], object] = broadcast or (lambda obj: obj)
         self.sync = DecisionSync(getattr(sched, "tp_rank", 0), self.broadcast)
-        # A running fixed-length request's decode reserve (--running-reserve): below SGLang's
-        # (all remaining outputs) only where a rotation can answer a shortage.
+        # A running request's decode reserve (--running-reserve): a share of SGLang's only where
+        # a rotation can answer a shortage.
         share = cfg.running_reserve if cfg.running_reserve is not None else self.policy_class.running_reserve
         self.running_share = share if engine is not None else 1.0
         self.rules = ViewRules(cfg.rotary_block_tokens, clip, self.running_share)

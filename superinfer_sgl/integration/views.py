@@ -33,8 +33,8 @@ def _left(req: Any) -> int:
 
 
 def running_reserve(sched: Any, req: Any, share: float, clip: int = CLIP_MAX_NEW_TOKENS) -> float:
-    """A running request's decode reserve: `share` of its remaining outputs when it is fixed-length
-    (rotasched.views.running_reserve_ratio; SGLang's PrefillAdder applies the same rule: hooks.py)."""
+    """A running request's decode reserve: `share` of SGLang's (rotasched.views.running_reserve_ratio;
+    SGLang's PrefillAdder applies the same rule: hooks.py)."""
     fixed = req.sampling_params.ignore_eos
     ratio = rules_.running_reserve_ratio(fixed, 1.0 if fixed else sched.new_token_ratio_tracker.current, share)
     return rules_.reserve_tokens(_left(req), ratio, clip)
@@ -253,7 +253,9 @@ class StepViews:
         tokens."""
         rules, cache = self.rules, self.cache
         assert cache is not None
-        clip, share = rules.clip, rules.running_share
+        clip = rules.clip
+        # the running ratio (rotasched.views.running_reserve_ratio) of each kind, once a step
+        fixed_ratio, eos_ratio = rules.running_ratio(True, sglang_ratio), rules.running_ratio(False, sglang_ratio)
         same = same_objects(live, self._live)  # the batch as at the last step (a decode step's)
         # (a kept view's clock is the request's: `reset` empties the cache when clocks go)
         kept = self._hits if same else [cache.get(r.rid) for r in live]
@@ -270,7 +272,7 @@ class StepViews:
             outputs = len(req.output_ids)
             tokens += hit.prompt + outputs
             # SGLang's reserve of it, for the free blocks (rotasched.views.reserve_tokens)
-            reserved += rules_.reserve_tokens(hit.max_new - outputs, share if hit.fixed else sglang_ratio, clip)
+            reserved += rules_.reserve_tokens(hit.max_new - outputs, fixed_ratio if hit.fixed else eos_ratio, clip)
         if not same:
             self.cache = {h.req.rid: h for h in hits}  # requests gone since the last step drop out
         else:
@@ -287,6 +289,7 @@ class StepViews:
         (rotatable, holding blocks); the others' blocks are not looked at."""
         cache, rules = self.cache, self.rules
         assert cache is not None
+        fixed_ratio, eos_ratio = rules.running_ratio(True, sglang_ratio), rules.running_ratio(False, sglang_ratio)
         out: list[ReqView] = []
         for view in views:
             hit = cache[view.rid]
@@ -295,8 +298,7 @@ class StepViews:
             if movable and not can:
                 continue
             outputs = len(req.output_ids)
-            reserve = rules_.reserve_tokens(hit.max_new - outputs, rules.running_share if hit.fixed else sglang_ratio,
-                                            rules.clip)
+            reserve = rules_.reserve_tokens(hit.max_new - outputs, fixed_ratio if hit.fixed else eos_ratio, rules.clip)
             if rules_.blocks(hit.prompt + outputs + reserve, rules.block_tokens) != view.blocks_held or \
                     can != view.rotatable:
                 # in place: the step's kept list (`_hits`) and the cache hold this one object
@@ -310,7 +312,7 @@ class StepViews:
         """One running request's view, as of now."""
         rules = self.rules
         fixed, left = req.sampling_params.ignore_eos, _left(req)
-        ratio = rules.running_share if fixed else sglang_ratio
+        ratio = rules.running_ratio(fixed, sglang_ratio)
         start = clk.run_start
         can = start is not None and start <= young and rotatable(sched, req)
         return _Running(clk, clk.version, rules.running(clk, req.seqlen, left, ratio, can, fixed), len(req.origin_input_ids),

@@ -67,7 +67,7 @@ from superinfer_sgl.rotasched.vlt import VltParams, vlts
 
 DEFAULT_MAX_BEST_EFFORT_WAIT_S = 60.0
 ROTATION_AMORTIZE = 20
-RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio for fixed-length requests (docs/architecture.md)
+RUNNING_RESERVE = 0.4  # planner.running_reserve_ratio's share (docs/architecture.md)
 _WAITING, _RUNNING = ReqState.WAITING, ReqState.RUNNING
 
 

@@ -107,8 +107,8 @@ class PolicyClass(Protocol):
 
     name: str
     reads_running_progress: bool
-    # The decode reserve a running fixed-length (ignore_eos) request keeps, as a share of its
-    # remaining outputs (planner.running_reserve_ratio; SGLang's: 1, all of them).
+    # The decode reserve a running request keeps, as a share of SGLang's
+    # (planner.running_reserve_ratio; SGLang's own: 1).
     running_reserve: float
 
     def quantum_s(self, rotation_s: float) -> float:

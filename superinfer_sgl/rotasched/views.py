@@ -35,14 +35,15 @@ def reserve_tokens(outputs_left: int, new_token_ratio: float, clip: int = CLIP_M
     return (outputs_left if outputs_left < clip else clip) * new_token_ratio
 
 
-def running_reserve_ratio(ignore_eos: bool, sglang_ratio: float, fixed_length: float) -> float:
-    """The new-token ratio of a *running* request's decode reserve. A request that may stop at EOS
-    keeps SGLang's estimate (`sglang_ratio`, decaying as requests finish early). A fixed-length one
-    (ignore_eos), for which SGLang keeps back every remaining output token until it ends, keeps the
-    policy's share `fixed_length` (`running_reserve`): below 1 more requests share the device pool,
-    and when it runs short LVF rotates a request out to host memory instead of SGLang retracting
-    one to recompute. A waiting candidate's own need (`waiting_need`) is SGLang's either way."""
-    return fixed_length if ignore_eos else sglang_ratio
+def running_reserve_ratio(ignore_eos: bool, sglang_ratio: float, share: float) -> float:
+    """The new-token ratio of a *running* request's decode reserve: `share` (`running_reserve`) of
+    SGLang's. SGLang keeps back every remaining output token of a fixed-length request (ignore_eos,
+    ratio 1) and its decaying estimate `sglang_ratio` of one that may stop at EOS (raised again
+    after a retraction, or a shortage we answer by rotation). Below 1 more requests share the device
+    pool, and when it runs short LVF rotates a request out to host memory instead of SGLang
+    retracting one to recompute. A waiting candidate's own need (`waiting_need`) is SGLang's
+    either way."""
+    return share * (1.0 if ignore_eos else sglang_ratio)
 
 
 def extend_tokens(prompt_tokens: int, outputs: int, resident: int) -> int:
@@ -94,7 +95,7 @@ def view(clk: ReqClock, state: ReqState, need: int, held: int, rotatable: bool, 
 @dataclass(frozen=True, slots=True)
 class ViewRules:
     """A server's constants of view building: rotation block size, SGLang's reserve clip, and the
-    share of its remaining outputs a running fixed-length request keeps back (`running_share`)."""
+    share of SGLang's decode reserve a running request keeps back (`running_share`)."""
 
     block_tokens: int
     clip: int = CLIP_MAX_NEW_TOKENS

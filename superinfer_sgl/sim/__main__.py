@@ -165,8 +165,8 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    help="with --no-ignore-eos: every request asks for up to this many tokens (or its trace "
                         "length, where longer) and stops at EOS after its trace length (default: exactly it)")
     p.add_argument("--running-reserve", type=float, default=None,
-                   help="our policies: the decode reserve a running fixed-length request keeps, as a share of "
-                        "its remaining outputs (the server's --running-reserve; default: the policy's)")
+                   help="our policies: the decode reserve a running request keeps, as a share of SGLang's "
+                        "(the server's --running-reserve; default: the policy's)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
 
 

@@ -42,6 +42,7 @@ class SimStats:
     rotations_out: int = 0
     resumes: int = 0
     retractions: int = 0
+    shortage_rotations: int = 0  # decode shortages' victims moved to host (not retracted)
     host_full_fallbacks: int = 0
     peak_rotary: int = 0  # most requests parked in the host pool at once
     peak_host_tokens: int = 0
@@ -343,7 +344,7 @@ class Simulator:
         runtime does not rotate a request of an extend batch still in flight: integration.views.rotatable)."""
         it = self.iteration
         for r in decoding:
-            r.prefill_iter = it
+            r.prefill_iter = r.mixed_iter = it
             r.view = None
 
     def _decode(self) -> list[SimReq]:
@@ -353,6 +354,8 @@ class Simulator:
         if short > 0:
             for v in self.policy.decode_victims(self, short):
                 (self.move_out if v.swap else self.retract)(v.req)
+                if v.req.phase is _P_ROTARY:
+                    self.stats.shortage_rotations += 1
             self._prune_running()
             self._after_retraction()
         for r in self.running:

@@ -100,6 +100,7 @@ def summarize(sim: Simulator) -> dict[str, object]:
         "rotations_out": s.rotations_out,
         "resumes": s.resumes,
         "retractions": s.retractions,
+        "shortage_rotations": s.shortage_rotations,
         "host_full_fallbacks": s.host_full_fallbacks,
         "peak_rotary": s.peak_rotary,
         "peak_host_tokens": s.peak_host_tokens,

@@ -36,6 +36,7 @@ class SimReq:
     alloc: int = 0  # device tokens allocated: kv rounded up to the policy's page size
     host: int = 0  # tokens with a copy on host (rotary KV, or DuplexKV's eager copy after a resume)
     prefill_iter: int = -1  # iteration of its last prefill step
+    mixed_iter: int = -1  # iteration it last rode as a decode row of a mixed batch (prefill_iter too)
     shared: int = 0  # leading tokens read from the radix cache's shared prefix: never allocated
     restored: bool = False  # resumed into the radix tree, waiting for its one-token re-admission
     rotations: int = 0

@@ -40,8 +40,8 @@ class SimConfig:
     # and how well; False, the profile's, exact for the current batch (what a server would
     # measure at best: `sim run --profile-costs`).
     measured_costs: bool = True
-    # The decode reserve of a running fixed-length request, as a share of its remaining outputs
-    # (the server's --running-reserve; planner.running_reserve_ratio). None: the policy's default.
+    # The decode reserve of a running request, as a share of SGLang's (the server's
+    # --running-reserve; planner.running_reserve_ratio). None: the policy's default.
     running_reserve: float | None = None
     # The goodput policy's starvation bound (the server's --max-best-effort-wait-ms).
     max_best_effort_wait_s: float = SuperInferConfig().max_best_effort_wait_ms / 1000.0

@@ -20,9 +20,10 @@ def _req(max_new: int, out: int, ignore_eos: bool) -> SimpleNamespace:
                            output_ids=[0] * out)
 
 
-def test_rule_applies_the_share_to_fixed_length_requests_only() -> None:
-    assert running_reserve_ratio(True, 0.3, 0.4) == 0.4
-    assert running_reserve_ratio(False, 0.3, 0.4) == 0.3  # SGLang's EOS estimate stays
+def test_rule_applies_the_share_to_sglangs_reserve() -> None:
+    assert running_reserve_ratio(True, 0.3, 0.4) == 0.4  # fixed-length: SGLang keeps all outputs left
+    assert running_reserve_ratio(False, 0.3, 0.4) == pytest.approx(0.12)  # EOS: its decaying estimate
+    assert running_reserve_ratio(False, 0.3, 1.0) == 0.3 and running_reserve_ratio(True, 0.3, 1.0) == 1.0
     assert POLICIES["paper"].running_reserve == 1.0 and 0 < POLICIES["goodput"].running_reserve < 1
 
 
@@ -58,12 +59,14 @@ def test_hook_gives_sglangs_adder_the_views_reserve(monkeypatch: pytest.MonkeyPa
     fixed, eos = _req(300, 100, True), _req(300, 100, False)
     assert hooks._running_offset(original, adder, fixed) == pytest.approx(200 * 0.4)
     assert hooks._running_offset(original, adder, fixed) == views.running_reserve(sched, fixed, 0.4)
-    assert hooks._running_offset(original, adder, eos) == original(adder, eos)  # SGLang's estimate
+    assert hooks._running_offset(original, adder, eos) == pytest.approx(200 * 0.25 * 0.4)  # share of its estimate
+    assert hooks._running_offset(original, adder, eos) == views.running_reserve(sched, eos, 0.4)
     # SGLang's reserve clip (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION), as the runtime read it at start
     monkeypatch.setattr(rt, "rules", ViewRules(16, clip=150, running_share=0.4))
     assert hooks._running_offset(original, adder, fixed) == pytest.approx(150 * 0.4)
     rt.running_share = 1.0
     assert hooks._running_offset(original, adder, fixed) == original(adder, fixed) == 200.0
+    assert hooks._running_offset(original, adder, eos) == original(adder, eos) == 200 * 0.25
     monkeypatch.setattr(hooks, "_RUNTIME", None)  # stock scheduling through our launcher
     assert hooks._running_offset(original, adder, fixed) == 200.0
 

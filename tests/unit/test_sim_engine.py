@@ -289,3 +289,18 @@ def test_no_second_copy_of_scheduling_logic() -> None:
         tree = ast.parse(path.read_text())
         defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert not defs & banned, f"{path} defines {defs & banned}"
+
+
+def test_goodput_answers_a_decode_shortage_by_rotation_as_the_server_does() -> None:
+    """Requests that may stop at EOS, their decode reserve a share of SGLang's decaying estimate:
+    the pool runs short while they decode. The server (--decode-shortage rotate) rotates victims
+    out to host and resumes them; the same policy with SGLang's retraction recomputes them."""
+    wl = workload(*[(0.001 * i, 10, 40) for i in range(4)], ttft=5.0, tbt=1.0)
+    sim = run(wl, policy="goodput", prof=profile(kv_tokens=96), ignore_eos=False)
+    assert sim.stats.shortage_rotations >= 1 and sim.stats.retractions == 0
+    assert sum(r.recomputes for r in sim.reqs) == 0 and sim.stats.resumes == sim.stats.rotations_out
+    assert all(r.phase is Phase.FINISHED for r in sim.reqs) and sim.host_used == 0
+    retracting = sim_rotasched.RotaSched("duplex", policy="goodput", name="goodput")  # shortage_rotates off
+    sim = Simulator(wl, profile(kv_tokens=96), retracting, SimConfig(min_stint_s=0.0, ignore_eos=False)).run()
+    assert sim.stats.retractions >= 1 and sim.stats.shortage_rotations == 0
+    assert all(r.phase is Phase.FINISHED for r in sim.reqs)

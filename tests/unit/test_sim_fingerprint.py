@@ -1,7 +1,8 @@
 """Speed work must not change results: pinned fingerprints of simulation runs.
 
 The hashes cover every policy and the LVF variants (no ignore_eos, min stint 2 s, the paper's
-rule without a rotation quantum, mixed chunk, lookahead, small budget with beta_tbt). A fingerprint
+rule without a rotation quantum, mixed chunk, lookahead, small budget with beta_tbt), and the
+goodput policy with requests that may stop at EOS (decode shortages rotated out). A fingerprint
 covers every request's clock, every gap, the counters and the summary, bit for bit
 (`superinfer_sgl/sim/fingerprint.py`). The full set, including the 120 s speed runs, is checked with
 `python -m superinfer_sgl.sim.fingerprint check results/sim_fingerprints_small.json` (and
@@ -38,6 +39,7 @@ PINNED = {
     "h100-pcie5-qwen2.5-32b/goodput/8": "a2caa89a4de279a1d689c05d504b2fddab31c2cb4ba01b25b635b49685dd7ff8",
     "gh200-qwen2.5-32b/goodput/15": "2483ac32fec319b306f4a82496cdda885d046213160994ca3799ec3565c6e46f",
     "h100-pcie5-qwen2.5-32b/paper/8": "5065384c6a5d9deadd5cefe7a98d6fad0fa43e1659624fcd3795c44d700455af",
+    "h100/goodput/12/no-ignore-eos-mixed": "02e32f5772fc093b18bef1bd0aa2cf652bb0b61fcf975ceb19fef76158f230fd",
 }
 CASES = {c[0]: c for c in small_cases()}
 

@@ -21,9 +21,10 @@ POLICIES: Registry[Callable[[], Policy]] = Registry("simulator policy", {
     "lvf-duplex": lambda: RotaSched("duplex"),
     "lvf-naive-direct": lambda: RotaSched("naive", direct_resume=True),
     "lvf-duplex-direct": lambda: RotaSched("duplex", direct_resume=True),
-    # Our server as shipped (--policy goodput / paper): DuplexKV, its default quantum.
-    "goodput": lambda: RotaSched("duplex", policy="goodput", name="goodput"),
-    "paper": lambda: RotaSched("duplex", policy="paper", name="paper"),
+    # Our server as shipped (--policy goodput / paper): DuplexKV, its default quantum, decode
+    # shortages answered by rotation (--decode-shortage rotate).
+    "goodput": lambda: RotaSched("duplex", policy="goodput", name="goodput", shortage_rotates=True),
+    "paper": lambda: RotaSched("duplex", policy="paper", name="paper", shortage_rotates=True),
     "oracle": Oracle,
 })
 

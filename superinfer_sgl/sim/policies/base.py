@@ -113,7 +113,7 @@ class Policy:
     # ---- decode out of memory (SGLang retract_decode) ----------------------------------------
     def decode_victims(self, sim: SimState, short: int) -> list[Victim]:
         """Retract fewest-output, then longest-input requests first; keep at least one."""
-        order = sorted(sim.running, key=lambda r: (r.outputs, -r.spec.prompt_tokens))
+        order = retraction_order(sim.running)
         victims, freed = [], 0
         for r in order[: len(order) - 1]:
             if freed >= short:
@@ -121,3 +121,9 @@ class Policy:
             victims.append(Victim(r, swap=False))
             freed += r.alloc
         return victims
+
+
+def retraction_order(running: list[SimReq]) -> list[SimReq]:
+    """SGLang's retract_decode order, the first to retract first: fewest outputs, then longest
+    prompt (Python's sort is stable: ties keep the batch's order)."""
+    return sorted(running, key=lambda r: (r.outputs, -r.spec.prompt_tokens))

@@ -14,6 +14,7 @@ from superinfer_sgl.rotasched.costs import CostMeter
 from superinfer_sgl.rotasched.goodput import GoodputParams, StepCosts
 from superinfer_sgl.rotasched.pending import PendingIndex, StepQueue
 from superinfer_sgl.rotasched.planner import POLICIES, admission_order, chunk_tokens, mixes, plan_step, quantum_s
+from superinfer_sgl.rotasched.shortage import victim_key
 from superinfer_sgl.rotasched.views import (
     ADMISSION_RATIO,
     CLIP_MAX_NEW_TOKENS,
@@ -24,7 +25,7 @@ from superinfer_sgl.rotasched.views import (
     rotary_need,
     waiting_need,
 )
-from superinfer_sgl.sim.policies.base import Plan, Policy, SimState
+from superinfer_sgl.sim.policies.base import Plan, Policy, SimState, Victim, retraction_order
 from superinfer_sgl.sim.request import SimReq
 
 
@@ -32,16 +33,19 @@ class RotaSched(Policy):
     """`direct_resume`: a what-if, not our runtime. Resumed requests join the decode batch at once
     (as vLLM's swap-in does, and the paper's implementation on vLLM) instead of being re-admitted
     through a prefill iteration with a one-token extend (our runtime's radix-tree path).
-    `policy`: the server's --policy (`planner.POLICIES`)."""
+    `policy`: the server's --policy (`planner.POLICIES`). `shortage_rotates`: a decode memory
+    shortage is answered as the server's `--decode-shortage rotate` does (`decode_victims`); else
+    by SGLang's retraction (the paper-reproduction variants)."""
 
     def __init__(self, transfer: str, direct_resume: bool = False, policy: str = "paper",
-                 name: str | None = None) -> None:
+                 name: str | None = None, shortage_rotates: bool = False) -> None:
         assert transfer in ("naive", "batched", "duplex"), transfer
         self.transfer = transfer
         self.resume_to_running = direct_resume
         self.policy = policy
         self.policy_class = POLICIES[policy]
         self.name = name or f"lvf-{transfer}" + ("-direct" if direct_resume else "")
+        self.shortage_rotates = shortage_rotates
         self.last_decision: Decision | None = None
         self._short: bool | None = None
         self._by_rid: dict[str, SimReq] | None = None  # every request of the run, by rid
@@ -68,6 +72,37 @@ class RotaSched(Policy):
         sched = sim.profile.scheduler.lvf_s_per_view * len(views)
         return Plan(admit=[by_rid[rid] for rid in order], rotate_out=out, resume=resume, sched_s=sched,
                     chunk_tokens=chunk_tokens(sim.profile.server.chunked_prefill_tokens, d), mix=mixes(d, restored))
+
+    def decode_victims(self, sim: SimState, short: int) -> list[Victim]:
+        """The server's answer to a decode memory shortage (integration/decode_shortage.py):
+        requests it may rotate out go to host, in `shortage.victim_key`'s order, until the step
+        fits; what is still short, SGLang retracts in its own order (the engine retracts a
+        victim the host pool cannot take, as the server falls back); the last request stays. A
+        request may rotate unless a prefill still in flight writes its KV (prefilled by the last
+        step, overlap scheduler), a decode row of the last mixed step allowed, as the server's
+        `may_rotate`."""
+        if not self.shortage_rotates:
+            return super().decode_victims(sim, short)
+        running, it = sim.running, sim.iteration
+        sglang = retraction_order(running)
+        turn = {r.spec.rid: i for i, r in enumerate(sglang)}
+        movable = sorted((r for r in running if r.prefill_iter < it - 1 or r.mixed_iter == r.prefill_iter),
+                         key=lambda r: victim_key(r.clock, r.remaining, turn[r.spec.rid]))
+        victims: list[Victim] = []
+        freed, keep = 0, len(running) - 1
+        for r in movable:
+            if freed >= short or len(victims) >= keep:
+                return victims
+            victims.append(Victim(r, swap=True))
+            freed += r.alloc
+        taken = {v.req.spec.rid for v in victims}
+        for r in sglang:
+            if freed >= short or len(victims) >= keep:
+                break
+            if r.spec.rid not in taken:
+                victims.append(Victim(r, swap=False))
+                freed += r.alloc
+        return victims
 
     def _quantum(self, sim: SimState) -> float:
         """The rotation quantum: the configured one, else the server's default for this policy."""
