@@ -35,9 +35,32 @@ def test_short_run_pools_both_variants(tmp_path: Path, monkeypatch: pytest.Monke
                                       "--duration", "8", "--out", str(tmp_path)])
     ssh.main()
     doc = json.loads((tmp_path / "shedding.json").read_text())
-    assert [r["ttft_shedding"] for r in doc["rows"]] == [True, False]
+    assert [r["lever"] for r in doc["rows"]] == [True, False]
+    assert [r["variant"] for r in doc["rows"]] == ["goodput", "without shedding"]
     for r in doc["rows"]:
         assert len(r["samples"]) == len(ssh.SEEDS) and r["both_attainment"] == pytest.approx(sum(r["samples"]) / 4)
     assert "--cell h100-pcie5-qwen2.5-32b,sharegpt-like,1,0.05,6" in doc["command"]
     table = (tmp_path / "table.md").read_text().splitlines()
     assert len(table) == 3 and table[2].startswith("| h100-pcie5-qwen2.5-32b | sharegpt-like | 1 s / 50 ms | 6 |")
+
+
+def test_against_reserve_runs_the_variant_with_sglangs_whole_reserve(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests that may stop at EOS under a loose bound: the variant keeps SGLang's whole decaying
+    estimate (--running-reserve 1); past capacity the default's smaller reserve admits more, so the
+    two runs differ."""
+    monkeypatch.setattr(sys, "argv", ["sim_shedding.py", "--cell", "h100-pcie5-qwen2.5-32b,sharegpt-like,5,0.1,10",
+                                      "--duration", "20", "--no-ignore-eos", "--max-new-tokens", "1024",
+                                      "--against", "reserve", "--out", str(tmp_path)])
+    ssh.main()
+    doc = json.loads((tmp_path / "shedding.json").read_text())
+    on, off = doc["rows"]
+    assert (on["variant"], off["variant"], doc["against"]) == ("goodput", "without reserve", "reserve")
+    assert on["throughput_tok_s"] != off["throughput_tok_s"]
+    assert "without reserve" in (tmp_path / "table.md").read_text()
+
+
+def test_max_new_tokens_needs_no_ignore_eos(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["sim_shedding.py", "--max-new-tokens", "64"])
+    with pytest.raises(SystemExit):
+        ssh.main()
