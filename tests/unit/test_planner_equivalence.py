@@ -106,7 +106,7 @@ class Scenario:
     stint_ms: float | None = 0.0
     best_effort_wait_ms: float = 60_000.0
     ratio: float | None = None  # None: ignore_eos (ratio 1); else SGLang's new-token ratio, both sides
-    # a running fixed-length request's decode reserve (--running-reserve; None: the policy's), both sides
+    # a running request's decode reserve, a share of SGLang's (--running-reserve; None: the policy's), both sides
     running_reserve: float | None = 1.0
 
 
@@ -161,7 +161,8 @@ class Server:
             req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((ROWS, ROW_LEN), dtype=torch.int32)),
             token_to_kv_pool_allocator=self.alloc, tree_cache=self.tree, waiting_queue=[],
             chunked_req=None, last_batch=None, max_total_num_tokens=sc.pool, chunked_prefill_size=CHUNK,
-            new_token_ratio_tracker=SimpleNamespace(current=sc.ratio), is_mixed_chunk=False,
+            # (SGLang's tracker always holds a float; with ignore_eos nothing reads it)
+            new_token_ratio_tracker=SimpleNamespace(current=1.0 if sc.ratio is None else sc.ratio), is_mixed_chunk=False,
             _add_request_to_queue=lambda r, is_retracted=False: self.sched.waiting_queue.append(r),
         )
         mp.setattr(sb, "release_req", self._release)

@@ -43,7 +43,7 @@ def test_rules_by_hand() -> None:
     assert (wait.blocks_needed, wait.prefill_tokens, wait.run_start) == (7, 23, None)  # ceil((23 + 4) / 4)
     rot = rules.rotary(clk, host_tokens=32, outputs_left=8, ratio=1.0)
     assert rot.blocks_needed == 11 and rot.state is ReqState.ROTARY  # ceil((32 + 1 + 8) / 4)
-    assert rules.running_ratio(True, 0.3) == 0.5 and rules.running_ratio(False, 0.3) == 0.3
+    assert rules.running_ratio(True, 0.3) == 0.5 and rules.running_ratio(False, 0.3) == pytest.approx(0.15)  # share x SGLang's
     assert free_blocks(100.5, 20.0, 16) == 5 and free_blocks(10, 20, 16) == 0
     # a finished-looking request (no outputs left) has no reserve and nothing left to miss
     assert view(clk, ReqState.WAITING, 1, 0, True, -3, -5).outputs_left == 0
@@ -76,8 +76,8 @@ def test_server_adapter_reads_the_numbers(ignore_eos: bool) -> None:
     rules, c = ViewRules(4, clip, share), rt.clocks.by_rid
     r = 1.0  # candidates: SGLang's PrefillAdder admits against all their outputs left, whatever the ratio
     assert list(views) == [
-        # mid-stint: not rotatable yet; a running request of unknown length holds SGLang's ratio
-        rules.running(c["run"], 25, 195, share if ignore_eos else ratio, False, ignore_eos),
+        # mid-stint: not rotatable yet; a running request of unknown length holds the share of SGLang's ratio
+        rules.running(c["run"], 25, 195, share if ignore_eos else share * ratio, False, ignore_eos),
         rules.waiting(c["wait"], 30, 0, 0, 50, r, ignore_eos),
         rules.waiting(c["back"], 12, 4, 15, 36, r, ignore_eos),  # everything but the last output token is resident
         rules.rotary(c["rot"], 21, 294, r),
