@@ -31,7 +31,7 @@ COSTS = (GoodputParams(StepCosts(2e-4, 0.002, 0.03, 0.001, 0.1)),
          GoodputParams(StepCosts(1e-3, 0.002, 0.03, 0.001), emit_after_next_step=True))
 
 
-def _runtime(policy: str) -> RotaSchedRuntime:
+def _runtime(policy: str, clip: int = 4096) -> RotaSchedRuntime:
     sched = SimpleNamespace(waiting_queue=[], tree_cache=None, max_total_num_tokens=100_000,
                             chunked_prefill_size=512, chunked_req=None, last_batch=None,
                             new_token_ratio_tracker=SimpleNamespace(current=0.7))
@@ -40,14 +40,14 @@ def _runtime(policy: str) -> RotaSchedRuntime:
                              untrack=lambda rid: None)
     classes = '{"a": {"ttft_ms": 400, "tbt_ms": 50, "weight": 2}, "b": {"ttft_ms": 3000, "tbt_ms": 200}}'
     cfg = SuperInferConfig(policy=policy, rotary_block_tokens=4, min_stint_ms=300.0, slo_classes=classes)
-    return RotaSchedRuntime(sched, cfg, engine=engine)  # type: ignore[arg-type]
+    return RotaSchedRuntime(sched, cfg, engine=engine, clip=clip)  # type: ignore[arg-type]
 
 
 class World:
     """Requests moving between the fake scheduler's queue, its running batch and the rotary set."""
 
-    def __init__(self, policy: str) -> None:
-        self.rt = _runtime(policy)
+    def __init__(self, policy: str, clip: int = 4096) -> None:
+        self.rt = _runtime(policy, clip)
         self.running: list[FakeReq] = []
         self.now, self.n = 100.0, 0
 
@@ -143,15 +143,18 @@ _steps = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_siz
 
 
 @settings(max_examples=200, deadline=None)
-@given(_steps, st.sampled_from(["goodput", "paper"]))
+# clip 16: some requests' outputs left past SGLang's reserve clip (their reserve clipped)
+@given(_steps, st.sampled_from(["goodput", "paper"]), st.sampled_from([4096, 16]))
 # a missed gap changes a running view kept between steps (ReqClock.version)
-@example([("arrive", 0), ("admit", 0), ("decode", 0), ("wait", 6), ("decode", 0)], "goodput")
+@example([("arrive", 0), ("admit", 0), ("decode", 0), ("wait", 6), ("decode", 0)], "goodput", 4096)
 # an abort drops clocks: what is still queued is looked at again, what left is forgotten
-@example([("arrive", 0), ("arrive", 1), ("arrive", 2), ("abort", 1), ("arrive", 3), ("admit", 0)], "goodput")
+@example([("arrive", 0), ("arrive", 1), ("arrive", 2), ("abort", 1), ("arrive", 3), ("admit", 0)], "goodput", 4096)
 # a view rebuilt by the lazy refresh is the one the next step keeps (the SGLang ratio moved)
-@example([("arrive", 469), ("admit", 0), ("decode", 0), ("ratio", 0), ("decode", 0)], "goodput")
-def test_incremental_views_decide_as_fresh_ones(steps: list[tuple[str, int]], policy: str) -> None:
-    world = World(policy)
+@example([("arrive", 469), ("admit", 0), ("decode", 0), ("ratio", 0), ("decode", 0)], "goodput", 4096)
+# a kept batch whose outputs left cross the clip while it decodes
+@example([("arrive", 30), ("admit", 0), ("arrive", 7), ("admit", 0)] + [("decode", 0)] * 12, "goodput", 16)
+def test_incremental_views_decide_as_fresh_ones(steps: list[tuple[str, int]], policy: str, clip: int) -> None:
+    world = World(policy, clip)
     for op, x in steps:
         world.apply(op, x)
         world.check_step()
