@@ -327,7 +327,8 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
         lines += [f"pooled: `{' '.join(m.get('argv') or [])}` ({m.get('date_utc')}, {m.get('git_commit')})", ""]
     machine = cfg.get("machine") or {}
     if machine:
-        lines += ["machine: " + ", ".join(f"{k} {v}" for k, v in machine.items() if not isinstance(v, (dict, list))), ""]
+        lines += ["machine: " + ", ".join(f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                                          for k, v in machine.items() if not isinstance(v, dict)), ""]
     cal = doc.get("calibration")
     if cal:
         lines += [f"Calibrated on {cal['probe_server']}: capacity estimate {cal['capacity_rps']:.3f} req/s", ""]

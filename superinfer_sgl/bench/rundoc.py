@@ -80,16 +80,31 @@ def describe(plan: Plan, prompt_info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# CPU extensions that move a CPU server's speed several-fold: the shared dev VM has been an "AMD
+# EPYC" with AVX-512 BF16 and one with AVX2 only (the same model name), bf16 decode steps ~10x apart.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The CPU's model name and which of ISA_FLAGS it has (/proc/cpuinfo; `cpuinfo`: its text)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    cpu, flags = "", None
+    for line in cpuinfo.splitlines():  # (the first core's lines: every core reads the same)
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not cpu:
+            cpu = value.strip()
+        elif key == "flags" and flags is None:
+            flags = set(value.split())
+    return {"cpu": cpu or platform.processor() or "", "isa": [f for f in ISA_FLAGS if f in (flags or ())]}
+
+
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    info: dict[str, Any] = {**cpu_info(), "cores": os.cpu_count(), "python": platform.python_version(),
                             "platform": platform.platform()}
     try:
         from importlib.metadata import version

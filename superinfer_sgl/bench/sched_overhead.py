@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .rundoc import cpu_info
 from .sched_rig import Rig, build
 
 DEFAULT_OUT = Path("results/sched_overhead")
@@ -135,7 +136,7 @@ def run_count(n: int, args: argparse.Namespace, model_path: str) -> dict[str, An
 
 def _machine() -> dict[str, Any]:
     soak = subprocess.run(["pgrep", "-f", "soak"], capture_output=True, text=True).stdout.split()
-    return {"node": platform.node(), "processor": platform.processor() or platform.machine(),
+    return {"node": platform.node(), "processor": platform.processor() or platform.machine(), **cpu_info(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": list(os.getloadavg()),
             "soak_running": bool(soak)}
 

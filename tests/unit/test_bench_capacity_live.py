@@ -174,10 +174,12 @@ def test_cli_flags_and_report_render(tmp_path):
                for s, c in (("sglang", 1.0), ("superinfer", 1.4))}
     doc = {"config": {"profile": "cpu", "workload": "sharegpt", "argv": ["x"], "pairs": [["sglang", "superinfer"]],
                       "capacity_grid": {"target": 0.9, "lo": 0.5, "hi": 4, "growth": 1.4, "resolution": 0.1},
-                      "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": 1},
+                      "slo_default": {"ttft_ms": 1000, "tbt_ms": 100}, "num_requests": 40, "repeats": 1,
+                      "machine": {"cpu": "AMD EPYC", "isa": ["avx2"], "cores": 2}},
            "results": results, "capacity_runs": runs, "errors": {}}
     doc["capacity"] = cs.summarize(runs, [("sglang", "superinfer")], results)
     text = cl.render_capacity(doc)
+    assert "machine: cpu AMD EPYC, isa avx2, cores 2" in text  # which CPU: its speed moves several-fold
     assert "superinfer / sglang: 1.40x" in text and "| sglang | 1.000 |" in text and "0.00% (0 / 900)" in text
     assert "(TBT: 90% of a request's gaps within it)" in text and "mean TPOT: 1.40x" in text
     cl.plot_capacity(doc, tmp_path / "c.png")
