@@ -165,12 +165,19 @@ def rotate_one(rt: Any, req: Any, now: float) -> bool:
 def sglang_retraction(rt: Any, result: Retraction, rotated: bool = False) -> Retraction:
     """SGLang retracted these requests to recompute them: counted, and their host mirrors dropped
     (recomputed KV may differ in its last bits from a mirror). `rotated`: after rotations of ours.
-    (SGLang's forced test retraction of a one-request batch takes nobody: no shortage counted.)"""
+    (SGLang's forced test retraction of a one-request batch takes nobody: no shortage counted.)
+    Requests it aborted instead (a beam group, a lone request that cannot fit) leave through its
+    abort output, never the output stream that calls `on_finished`: their mirror and clock go here."""
     retracted, aborted = result[0], result[2]
     if retracted or aborted or rotated:
         count(rt, "rotation_and_retraction" if rotated else "retraction")
     rt.stats.sglang_retractions += len(retracted)
     rt.forget_kv(retracted)
+    if aborted:
+        gone = {req.rid for req in aborted}
+        rt.clocks.drop(gone.__contains__)
+        for rid in gone:
+            rt.store.forget(rid)
     return result
 
 

@@ -336,3 +336,21 @@ def test_a_split_prompt_s_next_chunk_gets_room_by_rotation(monkeypatch: pytest.M
     rig.rt.around_prefill(prefill, rig.sched, rig.batch)
     assert rig.rt.stats.chunk_room_rotations == 2 and [r.rid for r in rig.batch.reqs] == ["a"]
     assert seen == {"chunk": 40, "free": 41}
+
+
+def test_a_request_sglang_aborts_in_its_retraction_leaves_no_mirror_or_clock(
+        monkeypatch: pytest.MonkeyPatch, sglang_config: None) -> None:
+    """retract_decode may abort instead of retracting (a beam group; a lone request that cannot
+    fit): SGLang reports it through its abort output, never the stream that calls `on_finished`,
+    so the shortage hook itself lets go of its host mirror and its clock."""
+    from superinfer_sgl.integration import decode_shortage, rotation
+
+    rig = Rig(monkeypatch, host_blocks=16)
+    a, b = rig.req("a"), rig.req("b")
+    for req in (a, b):
+        rotation.eager_sync(rig.sched, req, rig.engine, max_blocks=None)
+    assert rig.engine.synced_tokens("a") > 0 and _host_used(rig) > 0
+    decode_shortage.sglang_retraction(rig.rt, ([b], 0.5, [a]))
+    assert "a" not in rig.engine.mirror and "b" not in rig.engine.mirror and _host_used(rig) == 0
+    assert "a" not in rig.rt.clocks.by_rid and "b" in rig.rt.clocks.by_rid  # b is requeued, a is gone
+    assert rig.rt.stats.sglang_retractions == 1
