@@ -219,7 +219,7 @@ class HostKVPool:
         """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now
         (blocks of the format, fp8's scales included)."""
         fmt = _format_of(dtype, store_dtype, kv_format)
-        budget = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
+        budget = gb * 2**30 if gb is not None else free_ram_fraction * available_ram_bytes()
         return max(1, int(budget // block_bytes(layers, kv_heads, head_dim, block_tokens, dtype, fmt)))
 
     @classmethod
@@ -244,7 +244,7 @@ class HostKVPool:
             raise ValueError("for_formats needs at least one format")
         for fmt in fmts:
             quant.host_dtype(fmt, dev.dtype)
-        total = gb * 2**30 if gb is not None else free_ram_fraction * _available_ram_bytes()
+        total = gb * 2**30 if gb is not None else free_ram_fraction * available_ram_bytes()
         share = total / len(fmts) / 2**30
         return {fmt: cls.for_device(dev, block_tokens, fmt, gb=share) for fmt in fmts}
 
@@ -277,7 +277,8 @@ def _format_of(dtype: torch.dtype, store_dtype: torch.dtype | None, kv_format: s
     raise ValueError(f"host blocks store {dtype}, fp8 e4m3 or int4 (quantized; kv_format='int4'), not {store_dtype}")
 
 
-def _available_ram_bytes() -> int:
+def available_ram_bytes() -> int:
+    """RAM available to new allocations now (psutil's `available`)."""
     try:
         import psutil
 

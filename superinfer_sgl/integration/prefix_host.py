@@ -54,9 +54,9 @@ def auto_host_tokens(pool_tokens: int, bytes_per_token: int, available_ram: int 
     the budget through 2x; 1x keeps host RAM modest beside the rotation pool's quarter of the free
     RAM), within AUTO_RAM_FRACTION of the available RAM."""
     if available_ram is None:
-        from ..duplexkv.host_pool import _available_ram_bytes
+        from ..duplexkv.host_pool import available_ram_bytes
 
-        available_ram = _available_ram_bytes()
+        available_ram = available_ram_bytes()
     return max(0, min(int(pool_tokens), int(AUTO_RAM_FRACTION * available_ram) // max(1, bytes_per_token)))
 
 

@@ -80,15 +80,15 @@ class RotaSchedRuntime:
         now = time.monotonic()
         self.iteration += 1
         self.clocks.measure_last_step(getattr(sched, "last_batch", None), now, self._alone)
-        self.budget = self.clocks.rotation_budget(
-            None if self.engine is None else self.engine.host_pool.bytes_per_block)
+        budget = self.clocks.rotation_budget(None if self.engine is None else self.engine.host_pool.bytes_per_block)
         live = [r for r in running_batch.reqs if not r.finished()]
         # waiting requests are observed once, when they enter the queue (a clock, their state)
         self.clocks.observe(live, self.step_views.watch.look(self.sched.waiting_queue), now)
         if self.engine is None:
+            self.budget = budget
             plan = original(sched, running_batch)
         else:
-            order = self._step(running_batch, live, now)
+            order = self._step(running_batch, live, now, budget)
             plan = self._admit_in_order(original, sched, running_batch, order)
         if self.metrics is not None:
             self.metrics.update(step_figures(self.sched, self.engine, self.clocks, self.store, self.stats,
@@ -96,12 +96,14 @@ class RotaSchedRuntime:
                                              self.rules.clip))
         return plan
 
-    def _step(self, running_batch: Any, live: list[Any], now: float) -> list[Any]:
+    def _step(self, running_batch: Any, live: list[Any], now: float, budget: int) -> list[Any]:
+        """`budget`: this rank's rotation budget; the step runs on rank 0's (`DecisionSync`)."""
         if self.eager_sync:
-            self._eager_sync(live)
+            self._eager_sync(live)  # within the budget agreed at the last step
         queue = self._views(live, now)
         policy = self._step_policy()
-        decision = self.sync.decide(lambda: self._decide(queue, running_batch, now, policy))
+        decision, self.budget = self.sync.decide(lambda: self._decide(queue, running_batch, now, policy, budget),
+                                                 budget)
         self._decision = decision
         self.stats.decisions += 1
         self.stats.contended_decisions += decision.contention
@@ -166,11 +168,11 @@ class RotaSchedRuntime:
             self.clocks.meter.costs, self.cfg.max_best_effort_wait_ms / 1000.0, self.emit_late,
             self.cfg.ttft_shedding, self.clocks.outputs.share))
 
-    def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy) -> Decision:
+    def _decide(self, queue: StepQueue, running_batch: Any, now: float, policy: LvfPolicy, budget: int) -> Decision:
         free = req_views.free_blocks(self.sched, self.store.prefetch_tokens(), self._reserved, self.rules.block_tokens)
-        return planner.plan_step(queue, free, self.budget, now, self.params, policy,
+        return planner.plan_step(queue, free, budget, now, self.params, policy,
                                  self.sched.chunked_req is not None, bool(getattr(self.sched, "is_mixed_chunk", False)),
-                                 self.cfg.mix_prefill, self.engine.room_blocks(self.budget))
+                                 self.cfg.mix_prefill, self.engine.room_blocks(budget))
 
     # ---- rotate ------------------------------------------------------------------------------
     def _forced(self, live: list[Any], chosen: list[Any]) -> list[Any]:

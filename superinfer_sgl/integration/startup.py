@@ -13,7 +13,7 @@ from typing import Any
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
 from ..duplexkv.by_format import EnginesByFormat
-from ..duplexkv.host_pool import HostKVPool
+from ..duplexkv.host_pool import HostKVPool, available_ram_bytes
 from ..duplexkv.link_probe import measure_link
 from .kv_adapter import UnsupportedKVPool, scheduler_pool_view
 from .runtime import RotaSchedRuntime
@@ -33,9 +33,10 @@ class EngineSetup:
 
 def create_runtime(sched: Any, cfg: SuperInferConfig) -> RotaSchedRuntime:
     """The runtime of one scheduler (rank), with everything it needs from outside opened."""
-    setup = open_engine(sched, cfg) if cfg.scheduler == "rotasched" else EngineSetup(None)
+    broadcast = broadcaster(sched)
+    setup = open_engine(sched, cfg, broadcast) if cfg.scheduler == "rotasched" else EngineSetup(None)
     rt = RotaSchedRuntime(sched, cfg, engine=setup.engine, metrics=open_metrics(),
-                          broadcast=broadcaster(sched), link_bytes_per_s=setup.link_bytes_per_s,
+                          broadcast=broadcast, link_bytes_per_s=setup.link_bytes_per_s,
                           disabled_reason=setup.disabled_reason, clip=clip_max_new_tokens())
     if rt.engine is not None:
         host = rt.engine.host_pool
@@ -46,8 +47,10 @@ def create_runtime(sched: Any, cfg: SuperInferConfig) -> RotaSchedRuntime:
     return rt
 
 
-def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
-    """The rotation engine over SGLang's device KV pool and a new host pool, or why there is none."""
+def open_engine(sched: Any, cfg: SuperInferConfig,
+                broadcast: Callable[[object], object] = lambda obj: obj) -> EngineSetup:
+    """The rotation engine over SGLang's device KV pool and a new host pool, or why there is none
+    (`broadcast`: rank 0's object to every TP rank, for the host pool's size)."""
     tree = sched.tree_cache
     if getattr(tree, "disable", False) or not tree.supports_prefix_sharing():
         reason = "radix cache disabled: rotation needs it; using recompute only"
@@ -59,13 +62,14 @@ def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
         logger.warning("superinfer: rotation disabled: %s", exc)
         return EngineSetup(None, str(exc))
     formats = cfg.rotary_kv_formats()  # --rotary-kv-dtype first, then the classes' own precisions
+    gb = host_pool_gib(sched, cfg, broadcast)
     if len(formats) == 1:
         host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
-                                     free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
+                                     free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=gb)
         engine = RotationEngine(dev, host, cfg.kv_transfer)
     else:  # a host pool and an engine per precision; requests routed by class (duplexkv/by_format.py)
         pools = HostKVPool.for_formats(dev, cfg.rotary_block_tokens, formats,
-                                       free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=cfg.rotary_pool_gb)
+                                       free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=gb)
         engine = EnginesByFormat(dev, pools, cfg.rotary_kv_dtype, cfg.kv_transfer,
                                  class_formats=cfg.class_rotary_kv_dtypes())
     link = None
@@ -73,6 +77,37 @@ def open_engine(sched: Any, cfg: SuperInferConfig) -> EngineSetup:
         link = measure_link(engine.primary if isinstance(engine, EnginesByFormat) else engine)  # it resets counters
         logger.info("superinfer: KV link %.2f GB/s (one direction, measured)", link / 1e9)
     return EngineSetup(engine, None, link)
+
+
+def host_pool_gib(sched: Any, cfg: SuperInferConfig, broadcast: Callable[[object], object]) -> float | None:
+    """The host pool's GiB on this rank: `--rotary-pool-gb`; else None (DEFAULT_HOST_RAM_FRACTION
+    of the RAM free now) for a lone scheduler; else that share split among this server's scheduler
+    processes on the node (each holds its own pool), rank 0's figure for every TP rank: measured
+    apart, their pools would differ, and a rank with fewer blocks would refuse a rotation that
+    the others take (TP ranks must act alike)."""
+    if cfg.rotary_pool_gb is not None:
+        return cfg.rotary_pool_gb
+    procs, tp = local_schedulers(sched)
+    if procs <= 1 and tp <= 1:
+        return None
+    own = DEFAULT_HOST_RAM_FRACTION * available_ram_bytes() / procs / 2**30
+    return float(broadcast(own)) if tp > 1 else own  # type: ignore[arg-type]
+
+
+def local_schedulers(sched: Any) -> tuple[int, int]:
+    """(this server's scheduler processes on this node, TP ranks of this scheduler's group), from
+    SGLang's parallel configuration (the scheduler's own `tp_size` where none is published)."""
+    tp = int(getattr(sched, "tp_size", 1) or 1)
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        tp = int(par.tp_size)
+        dp = 1 if par.enable_dp_attention else int(par.dp_size)  # DP attention runs inside the TP ranks
+        total = tp * int(par.pp_size) * dp
+        return max(1, total // max(1, int(par.nnodes))), tp
+    except (ImportError, AttributeError, RuntimeError, ValueError, TypeError):
+        return tp, tp
 
 
 def open_metrics() -> Any:

@@ -22,7 +22,7 @@ from superinfer_sgl.duplexkv.engine import RotationEngine
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
 from superinfer_sgl.integration import rotation
 from superinfer_sgl.integration.runtime import RotaSchedRuntime
-from superinfer_sgl.rotasched import Decision
+from superinfer_sgl.rotasched import Decision, DecisionSync
 from superinfer_sgl.rotasched.request_view import ReqState
 
 LAYERS, HEADS, DIM, BT = 2, 2, 4, 4
@@ -117,7 +117,7 @@ class Harness:
         self.batch = Batch([])
         self.kv: dict[str, list[torch.Tensor]] = {}  # expected bytes of each request's restorable tokens
         self.decisions: list[Decision] = []
-        self.rt._decide = lambda views, running_batch, now, policy: self.decisions.pop(0)  # type: ignore[method-assign]
+        self.rt._decide = lambda views, running_batch, now, policy, budget: self.decisions.pop(0)  # type: ignore[method-assign]
         self.rotate_calls: list[dict[str, Any]] = []
         real_rotate = self.engine.rotate
 
@@ -256,6 +256,24 @@ def test_an_unused_prefetch_is_cancelled_and_its_slots_freed(monkeypatch: pytest
     h.step(resume=("b",))
     assert h.to_device > copies and h.engine.prefetch_hits == 0
     h.assert_restored(b)
+
+
+def test_a_tp_rank_runs_the_step_on_rank_0s_rotation_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each TP rank measures its own step times, so their rotation budgets can differ by a block; a
+    rank that prefetched where rank 0 did not would hold device slots rank 0 keeps free, and their
+    next steps would part. Rank 0's budget comes with its decision (`DecisionSync`)."""
+    h = Harness(monkeypatch)  # this rank's own budget: the flag's 64 blocks
+    h.run("a", 12, 8, pool_idx=1)
+    h.run("b", 13, 7, pool_idx=2)
+    h.sched.tp_size = 2
+    rank0 = {"budget": 3}  # b's 19 tokens are 5 blocks of 4: over it
+    h.rt.sync = DecisionSync(1, lambda _: (h.decisions.pop(0), rank0["budget"]))
+    h.step(rotate_out=("b",))
+    h.step()  # b is the next resume's candidate, but not within rank 0's budget
+    assert h.rt.budget == 3 and not h.rt.store.prefetched and h.rt.stats.prefetches == 0
+    rank0["budget"] = 5
+    h.step()
+    assert h.rt.budget == 5 and h.rt.store.prefetched.keys() == {"b"}
 
 
 def test_aborting_a_prefetched_rotary_request_leaks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -452,7 +470,7 @@ def test_a_blocked_urgent_request_keeps_the_others_out_of_the_fallback(monkeypat
     h.sched.waiting_queue = list(waiting)
     h.rt.clocks.observe([], h.rt.step_views.watch.look(h.rt.sched.waiting_queue), 100.0)  # as around_prefill
     h.decisions.append(Decision(admit=("w3",), contention=True, blocked=blocked))
-    queue = h.rt._step(h.batch, [], 100.0)
+    queue = h.rt._step(h.batch, [], 100.0, h.rt.budget)
     want = ["w3", "w2"] if blocked else ["w3", "w0", "w1", "w2"]
     assert [r.rid for r in queue] == want
 

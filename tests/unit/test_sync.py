@@ -50,13 +50,14 @@ def test_ranks_agree_despite_different_clocks() -> None:
         calls.append(1)
         return _decide_at(2.0)
 
-    got: dict[int, Decision] = {}
-    t = threading.Thread(target=lambda: got.__setitem__(1, rank1.decide(fn1)))
+    got: dict[int, tuple[Decision, int]] = {}
+    # each rank measured its own step times: rank 1's budget is a block under rank 0's
+    t = threading.Thread(target=lambda: got.__setitem__(1, rank1.decide(fn1, 63)))
     t.start()
-    got[0] = rank0.decide(lambda: _decide_at(4.0))
+    got[0] = rank0.decide(lambda: _decide_at(4.0), 64)
     t.join(timeout=5)
-    assert got[0] == got[1] == _decide_at(4.0)
-    assert got[0].admit == ("w",) and got[0].rotate_out == ("r",)
+    assert got[0] == got[1] == (_decide_at(4.0), 64)  # rank 0's decision and budget on both
+    assert got[0][0].admit == ("w",) and got[0][0].rotate_out == ("r",)
     assert calls == []  # rank 1 never ran the policy
 
 
@@ -67,15 +68,16 @@ def _returning(d: Decision) -> Callable[[], Decision]:
 def test_several_iterations_stay_in_step() -> None:
     rank0, rank1 = _pair()
     sent = [Decision(admit=(f"a{i}",), contention=True) for i in range(5)]
-    for d in sent:
-        assert rank0.decide(_returning(d)) == d
-    assert [rank1.decide(lambda: pytest.fail("rank 1 called fn")) for _ in sent] == sent
+    for i, d in enumerate(sent):
+        assert rank0.decide(_returning(d), i) == (d, i)
+    assert [rank1.decide(lambda: pytest.fail("rank 1 called fn"), 99) for _ in sent] == list(zip(sent, range(5)))
 
 
 def test_non_decision_payload_rejected() -> None:
-    rank1 = DecisionSync(1, lambda _: "garbage")
-    with pytest.raises(TypeError):
-        rank1.decide(lambda: Decision())
+    for garbage in ("garbage", Decision(), (Decision(), "64"), (Decision(), 1, 2)):
+        rank1 = DecisionSync(1, lambda _, g=garbage: g)
+        with pytest.raises(TypeError):
+            rank1.decide(lambda: Decision())
 
 
 def test_negative_rank_rejected() -> None:

@@ -52,7 +52,7 @@ def _rank_main(rank: int, port: int, out: mp.Queue) -> None:
                 calls += 1
                 return _decide_at(4.0 if rank == 0 else 2.0, n)
 
-            got.append(sync.decide(decide))
+            got.append(sync.decide(decide, 100 + it if rank == 0 else 7))  # rank 1 measured another budget
         dist.destroy_process_group()
         out.put((rank, got, calls, None))
     except Exception as exc:  # reported to the test, which fails with it
@@ -83,8 +83,8 @@ def test_decision_broadcast_over_gloo_processes() -> None:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    expected = [_decide_at(4.0, n) for n in (1, 3, 200)]
-    assert not _decide_at(2.0, 1).admit and expected[0].admit  # the clocks would disagree
+    expected = [(_decide_at(4.0, n), 100 + it) for it, n in enumerate((1, 3, 200))]
+    assert not _decide_at(2.0, 1).admit and expected[0][0].admit  # the clocks would disagree
     assert results[0] == (expected, 3)
-    assert results[1] == (expected, 0)  # rank 1 adopted rank 0's decisions and never ran LVF
+    assert results[1] == (expected, 0)  # rank 1 adopted rank 0's decisions and budgets, never ran LVF
     assert all(p.exitcode == 0 for p in procs)
