@@ -54,7 +54,8 @@ def shortfall(sched: Any, chunk_size: int | None, rows: int) -> int:
 def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any], chunk_size: int | None,
             mixed: bool) -> list[Any]:
     """Running requests to rotate out (beyond `chosen`, this step's other rotations) so that the
-    next chunk fits beside this step's resumes (`resuming`, whose KV comes back into the pool):
+    next chunk fits beside this step's resumes (`resuming`, whose KV comes back into the pool; a
+    prefetched one's slots are taken already, `rt.store.prefetched`):
     the decode shortage's order (lost requests first; those it may rotate, decode rows of the mixed
     step in flight among them: the previous chunk's step was one, with every running request in
     it), each counted for the device tokens it holds and the decode row it no longer needs. The same
@@ -64,7 +65,9 @@ def victims(rt: Any, running_batch: Any, chosen: list[Any], resuming: list[Any],
         return []
     gone = {id(r) for r in chosen}
     rows = sum(1 for r in running_batch.reqs if id(r) not in gone) if mixed else 0
-    short = shortfall(sched, chunk_size, rows) + sum(_held(r) for r in resuming) - sum(_held(r) for r in chosen)
+    prefetched = rt.store.prefetched
+    short = (shortfall(sched, chunk_size, rows) + sum(_held(r) for r in resuming if r.rid not in prefetched)
+             - sum(_held(r) for r in chosen))
     if short <= 0:
         return []
     order = rt.broadcast(victim_order(rt, running_batch) if rt.sync.rank == 0 else None)

@@ -111,12 +111,12 @@ class RotaSchedRuntime:
         out = [by_rid[rid] for rid in decision.rotate_out if rid in by_rid]
         out += self._forced(live, out)
         resumes = self._resumable(decision.resume)
+        self.prefetcher.cancel_except(keep={e.req.rid for e in resumes})  # wrong guesses' slots are free again
         room = chunk_room.victims(self, running_batch, out, [e.req for e in resumes],
                                   planner.chunk_tokens(self.sched.chunked_prefill_size, decision),
                                   bool(getattr(self.sched, "is_mixed_chunk", False)))
         self.stats.chunk_room_rotations += len(room)
         out += room
-        self.prefetcher.cancel_except(keep={e.req.rid for e in resumes})
         held = self._held_back(self._rotate(running_batch, out, resumes, now))
         # Resumed requests first (their KV is back and pinned by our lock), then admissions in
         # LVF's order, then the rest (planner.admission_order). Built from the decision alone so

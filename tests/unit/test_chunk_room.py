@@ -52,6 +52,7 @@ class _Rt:
         self.sync = SimpleNamespace(rank=0)
         self.order = order
         self.broadcast = lambda obj: obj
+        self.store = SimpleNamespace(prefetched={})
 
 
 @pytest.fixture()
@@ -78,3 +79,15 @@ def test_victims_free_the_chunk_s_shortfall_in_the_shortage_order(ordered: None)
     # nothing chunked, or it fits: nobody
     assert chunk_room.victims(_Rt(_sched(100), ["b"]), batch, [], [], 256, mixed=True) == []
     assert chunk_room.victims(_Rt(_sched(5000, 0, chunked), ["b"]), batch, [], [], 256, mixed=True) == []
+
+
+def test_a_prefetched_resume_is_not_counted_twice(ordered: None) -> None:
+    """A resume whose KV was prefetched already holds its slots (the free count has them out): it
+    takes nothing more from the chunk's room, and nobody is rotated out for it."""
+    running = [_req("a", 30, 10)]
+    batch = SimpleNamespace(reqs=running)
+    rt = _Rt(_sched(300, 0, _req("c", 1000, computed=100)), ["a"])  # 257 of 300 free: 43 to spare
+    resumed = _req("r", 40, 10)
+    assert [r.rid for r in chunk_room.victims(rt, batch, [], [resumed], 256, mixed=False)] == ["a"]
+    rt.store.prefetched["r"] = object()
+    assert chunk_room.victims(rt, batch, [], [resumed], 256, mixed=False) == []
