@@ -51,11 +51,25 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
             return original(batch, *args, **kwargs)
         return _RUNTIME.retract_decode(lambda b: original(b, *args, **kwargs), batch)
 
+    def after_pause(result: None, sched: Any, recv_req: Any, *args: Any, **kwargs: Any) -> None:
+        # A retract pause (weight updates) drops every running request's KV: ours too (runtime).
+        if getattr(recv_req, "mode", None) == "retract":
+            sched._superinfer.after_retract_pause()
+        return result
+
+    def after_preempt(result: bool, adder: Any, *args: Any, **kwargs: Any) -> bool:
+        # Priority preemption released running requests to recompute: their mirrors are stale.
+        if result and _RUNTIME is not None:
+            _RUNTIME.forget_kv(list(adder.preempt_list))
+        return result
+
     yield f"{SCHED}.__init__", attach, HookType.AFTER
     yield f"{SCHED}.get_new_batch_prefill", around_prefill, HookType.AROUND
     yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
     yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
     yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, HookType.AROUND
+    yield f"{SCHED}.pause_generation", after_pause, HookType.AFTER
+    yield "sglang.srt.managers.schedule_policy.PrefillAdder.preempt_to_schedule", after_preempt, HookType.AFTER
     # The recompute tax (integration/metrics.py, RecomputeTally): prefill tokens computed, and
     # computed again after a running request's KV was dropped, by cause.
     recompute = recompute_hooks(runtime)

@@ -137,6 +137,28 @@ class RotaryStore:
         for rid in [r for r in self.resume_locks if match(r)]:
             self.sched.tree_cache.unlock(self.resume_locks.pop(rid))
 
+    def recompute_all(self) -> list[Any]:
+        """Every rotary request back to SGLang's queue to be recomputed (its host KV freed, a
+        prefetch given back), every resume lock released: SGLang retracted all it runs
+        (`pause_generation(mode="retract")`, a weight update). Returns the requeued requests."""
+        for rid in list(self.prefetched):
+            self.drop_prefetch(rid)
+        requeued = []
+        for rid, entry in list(self.entries.items()):
+            del self.entries[rid]
+            if self.engine is not None:
+                self.engine.free(entry.host_kv)
+                self.engine.untrack(rid)
+            entry.window = None
+            self.digests.pop(rid, None)
+            self.sched._add_request_to_queue(entry.req, is_retracted=True)
+            requeued.append(entry.req)
+        for rid, lock in list(self.resume_locks.items()):
+            del self.resume_locks[rid]
+            self.digests.pop(rid, None)  # its restored prefix may be flushed: nothing to verify
+            self.sched.tree_cache.unlock(lock)
+        return requeued
+
     def forget(self, rid: str) -> None:
         """A request that ended or was aborted: its mirror and digest go."""
         if self.engine is not None:

@@ -13,6 +13,7 @@ costs), `RotaryStore` (rotary requests, resume locks, KV digests, prefetched slo
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
@@ -33,6 +34,8 @@ from .prefetch import Prefetcher
 from .rotary_store import RotaryStore, abort_match
 from .rotation import RotationStats
 from .step_figures import step_figures
+
+logger = logging.getLogger(__name__)
 
 
 class RotaSchedRuntime:
@@ -308,6 +311,33 @@ class RotaSchedRuntime:
     def forget_kv(self, reqs: list[Any]) -> None:
         """SGLang retracted these requests to recompute them: their mirrors would be stale."""
         self.store.forget_kv(reqs)
+
+    def after_retract_pause(self) -> None:
+        """SGLang paused generation in `retract` mode (its weight-update path: every running
+        request's KV dropped, to be recomputed with the new weights). Ours goes the same way: rotary
+        requests are requeued to recompute, resume locks released, every host mirror dropped, so no
+        KV of the old weights comes back and nothing of ours keeps SGLang from flushing its cache
+        (`is_fully_idle` counts our work)."""
+        now = time.monotonic()
+        requeued = self.store.recompute_all()
+        for req in requeued:
+            clk = self.clocks.by_rid.get(req.rid)
+            if clk is not None:
+                clk.recomputes += 1
+                clk.set_state(ReqState.WAITING, now)
+        if self.engine is not None:
+            for rid in self.engine_mirror_rids():
+                self.engine.untrack(rid)
+        self.step_views.reset()
+        if requeued:
+            logger.info("superinfer: generation paused (retract): %d rotary request(s) requeued to recompute",
+                        len(requeued))
+
+    def engine_mirror_rids(self) -> list[str]:
+        """Rids with a host mirror, in every precision's engine."""
+        assert self.engine is not None
+        engines = getattr(self.engine, "engines", None)
+        return [rid for e in (engines.values() if engines else [self.engine]) for rid in e.mirror.rids()]
 
     def retract_decode(self, original: Callable[[Any], Any], batch: Any) -> Any:
         """SGLang's `ScheduleBatch.retract_decode(batch)` (a decode memory shortage): requests

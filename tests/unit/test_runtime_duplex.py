@@ -294,6 +294,48 @@ def test_aborting_a_prefetched_rotary_request_leaks_nothing(monkeypatch: pytest.
     h.engine.check_invariants()
 
 
+def test_a_retract_pause_sends_every_rotary_request_back_to_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's pause_generation(mode="retract") (its weight-update path) drops every running
+    request's KV to recompute it: rotary requests follow (host KV freed, a prefetch given back),
+    resume locks are released and every host mirror dropped, so no KV of the old weights comes
+    back and nothing of ours keeps SGLang from flushing its cache."""
+    h = Harness(monkeypatch)
+    a = h.run("a", 12, 8, pool_idx=1)
+    h.run("b", 13, 7, pool_idx=2)
+    h.run("c", 10, 6, pool_idx=3)
+    h.step(rotate_out=("b", "c"))
+    h.step()
+    assert h.rt.store.prefetched.keys() == {"b"}
+    h.step(resume=("b",))  # b's KV is back under our lock, waiting for admission; c stays rotary
+    assert h.rt.store.resume_locks.keys() == {"b"} and h.rt.store.entries.keys() == {"c"}
+    rotation.eager_sync(h.sched, a, h.engine, max_blocks=None)  # a running request's mirror
+    assert "a" in h.engine.mirror
+    h.rt.after_retract_pause()
+    assert not h.rt.has_work() and not h.rt.store.prefetched
+    assert [r.rid for r in h.requeued] == ["c"] and h.rt.clocks.by_rid["c"].recomputes == 1
+    assert h.tree.unlocked == [("lock", h.tree.locked[-1])]  # b's restored prefix is SGLang's again
+    assert "a" not in h.engine.mirror
+    h.engine.quiesce()
+    assert h.engine.host_pool.allocator.num_used == 0
+    h.engine.check_invariants()
+
+
+def test_priority_preemption_drops_the_preempted_requests_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's priority preemption (PrefillAdder.preempt_to_schedule) releases running requests to
+    recompute them: their host mirrors would be stale, so the hook drops them."""
+    from superinfer_sgl.integration import hooks as hooks_mod
+
+    h = Harness(monkeypatch)
+    a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)
+    for req in (a, b):
+        rotation.eager_sync(h.sched, req, h.engine, max_blocks=None)
+    monkeypatch.setattr(hooks_mod, "_RUNTIME", h.rt)
+    hook = next(fn for target, fn, _ in hooks_mod.hooks(h.rt.cfg) if target.endswith("preempt_to_schedule"))
+    assert hook(False, SimpleNamespace(preempt_list=[a])) is False and "a" in h.engine.mirror  # none preempted
+    assert hook(True, SimpleNamespace(preempt_list=[a])) is True
+    assert "a" not in h.engine.mirror and "b" in h.engine.mirror
+
+
 def test_full_host_pool_falls_back_to_recompute_for_the_outs_that_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness(monkeypatch, host_blocks=6, eager_sync=False)
     a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)  # 5 host blocks each
