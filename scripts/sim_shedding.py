@@ -1,6 +1,7 @@
 """One lever of the goodput policy at fixed rates in the simulator: the default beside the policy
 without it (`--against shedding`: without `--ttft-shedding`, the default; `--against reserve`:
-with SGLang's whole decode reserve, `--running-reserve 1`), joint attainment and output throughput
+with SGLang's whole decode reserve, `--running-reserve 1`, or `--reserve S`'s share), joint
+attainment and output throughput
 pooled over several ShareGPT-like seeds or Azure trace windows per rate, around the capacity
 table's cells. A capacity is one first crossing of 90%, and on a curve that wavers around 90% it
 moves by a grid step between near-equal curves; the curves themselves say whether one variant
@@ -9,6 +10,7 @@ meets more SLOs than the other.
     python scripts/sim_shedding.py --jobs 2 --out results/sim_capacity/shedding
     python scripts/sim_shedding.py --cell gh200-qwen2.5-32b,sharegpt-like,5,0.1,18:20:22 --no-ignore-eos
     python scripts/sim_shedding.py --against reserve --no-ignore-eos --max-new-tokens 1024 --out ...
+    python scripts/sim_shedding.py --against reserve --reserve 0.15 --out ...   # the default beside 0.15
 
 Writes shedding.json (one row per cell, rate and variant: the pooled joint attainment, each
 sample's, and the pooled output throughput) and table.md into --out.
@@ -66,11 +68,17 @@ def main() -> None:
                     help="with --no-ignore-eos: every request asks for up to this many tokens (sim run --max-new-tokens)")
     ap.add_argument("--against", choices=sorted(AGAINST), default="shedding",
                     help="the lever left out of the variant: shedding (--no-ttft-shedding) or reserve (--running-reserve 1)")
+    ap.add_argument("--reserve", type=float, default=1.0,
+                    help="with --against reserve: the variant's --running-reserve (default 1: SGLang's whole reserve)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("results/sim_capacity/shedding"))
     a = ap.parse_args()
     if a.max_new_tokens is not None and not a.no_ignore_eos:
         ap.error("--max-new-tokens needs --no-ignore-eos: a fixed-length request decodes all it asks for")
+    if a.reserve != 1.0 and a.against != "reserve":
+        ap.error("--reserve needs --against reserve")
+    variant = {"running_reserve": a.reserve} if a.against == "reserve" else AGAINST[a.against]
+    label = f"reserve {a.reserve:g}" if a.against == "reserve" and a.reserve != 1.0 else a.against
     cells = a.cell or list(CELLS)
     keys, jobs = [], []
     for profile, workload, ttft, tbt, rates in cells:
@@ -80,18 +88,18 @@ def main() -> None:
                     keys.append((profile, workload, ttft, tbt, rate, lever))
                     job = Job(profile, "goodput", wl, rate, a.duration, seed, ttft, tbt, mixed_chunk=True,
                               ignore_eos=not a.no_ignore_eos, max_new_tokens=a.max_new_tokens)
-                    jobs.append(job if lever else replace(job, **AGAINST[a.against]))
+                    jobs.append(job if lever else replace(job, **variant))
     pooled: dict[tuple, list[dict]] = {}
     for key, out in zip(keys, run_jobs(jobs, a.jobs)):
         pooled.setdefault(key, []).append(out)
     rows = [{"profile": k[0], "workload": k[1], "slo_s": [k[2], k[3]], "rate": k[4], "lever": k[5],
-             "variant": "goodput" if k[5] else f"without {a.against}",
+             "variant": "goodput" if k[5] else f"without {label}",
              "samples": [o["both_attainment"] for o in v], "both_attainment": sum(o["both_attainment"] for o in v) / len(v),
              "throughput_tok_s": sum(o["throughput_tok_s"] for o in v) / len(v),
              "retractions": sum(o["retractions"] for o in v), "shortage_rotations": sum(o["shortage_rotations"] for o in v)}
             for k, v in pooled.items()]
-    record.write(a.out, "shedding.json", rows, table(rows, a.against), seeds=list(SEEDS), azure_windows_s=list(WINDOWS),
-                 against=a.against)
+    record.write(a.out, "shedding.json", rows, table(rows, label), seeds=list(SEEDS), azure_windows_s=list(WINDOWS),
+                 against=label)
 
 
 def table(rows: list[dict], against: str = "shedding") -> str:

@@ -64,3 +64,18 @@ def test_max_new_tokens_needs_no_ignore_eos(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(sys, "argv", ["sim_shedding.py", "--max-new-tokens", "64"])
     with pytest.raises(SystemExit):
         ssh.main()
+
+
+def test_against_reserve_takes_another_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--reserve S`: the variant runs with --running-reserve S instead of SGLang's whole reserve."""
+    monkeypatch.setattr(sys, "argv", ["sim_shedding.py", "--cell", "h100-pcie5-qwen2.5-32b,sharegpt-like,5,0.1,10",
+                                      "--duration", "20", "--against", "reserve", "--reserve", "0.15",
+                                      "--out", str(tmp_path)])
+    ssh.main()
+    doc = json.loads((tmp_path / "shedding.json").read_text())
+    on, off = doc["rows"]
+    assert (on["variant"], off["variant"], doc["against"]) == ("goodput", "without reserve 0.15", "reserve 0.15")
+    assert on["throughput_tok_s"] != off["throughput_tok_s"]  # memory binds on this cell past capacity
+    monkeypatch.setattr(sys, "argv", ["sim_shedding.py", "--reserve", "0.15"])  # no variant to give it to
+    with pytest.raises(SystemExit):
+        ssh.main()
