@@ -379,11 +379,19 @@ def check_rotary_kv_dtype(cfg: SuperInferConfig, kv_cache_dtype: str | None) -> 
                           f"--kv-cache-dtype {kv_cache_dtype} the device KV is fp8 already (use auto)")
 
 
-def check_prefix_cache(cfg: SuperInferConfig, eviction_policy: str | None, radix_disabled: bool) -> None:
+def check_prefix_cache(cfg: SuperInferConfig, eviction_policy: str | None, radix_disabled: bool,
+                       model_parallel: dict[str, int] | None = None) -> None:
     """Launch-time check against SGLang's radix-cache flags: the predictive cache is an eviction
-    policy on SGLang's radix tree, so it replaces --radix-eviction-policy and needs the tree."""
+    policy on SGLang's radix tree, so it replaces --radix-eviction-policy and needs the tree; and
+    against model parallelism (`model_parallel`: flag -> size), whose ranks each keep a tree: ours
+    scores nodes by each rank's own clock, so their trees (and batches) could part."""
     if cfg.prefix_cache != "predictive":
         return
+    for flag, size in (model_parallel or {}).items():
+        if size > 1:
+            raise ConfigError(f"--prefix-cache predictive with {flag} {size}: each rank would evict by its own "
+                              "clock-based scores and the ranks' radix trees could diverge; use SGLang's "
+                              "--radix-eviction-policy with model parallelism")
     if eviction_policy is not None:
         raise ConfigError(f"--prefix-cache predictive evicts by predicted reuse in place of SGLang's "
                           f"--radix-eviction-policy {eviction_policy}: drop one of the two")

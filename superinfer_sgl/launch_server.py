@@ -118,12 +118,28 @@ def apply_device_defaults(argv: list[str], defaults: DeviceDefaults) -> list[str
     return argv + extra
 
 
+def model_parallel_flags(argv: list[str]) -> dict[str, int]:
+    """The model-parallel sizes given on the command line (SGLang's flag and its alias), by flag."""
+    out = {}
+    for flags in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size")):
+        for flag in flags:
+            value = flag_value(argv, flag)
+            if value is not None:
+                try:
+                    out[flag] = int(value)
+                except ValueError:
+                    pass  # SGLang's own parser names the bad value
+                break
+    return out
+
+
 def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     """Parse our options and build the argv for SGLang. Raises LaunchError/ConfigError."""
     ns, rest = our_parser().parse_known_args(argv)
     cfg = from_namespace(ns)
     check_rotary_kv_dtype(cfg, flag_value(rest, "--kv-cache-dtype"))
-    check_prefix_cache(cfg, flag_value(rest, "--radix-eviction-policy"), flag_given(rest, "--disable-radix-cache"))
+    check_prefix_cache(cfg, flag_value(rest, "--radix-eviction-policy"), flag_given(rest, "--disable-radix-cache"),
+                       model_parallel_flags(rest))
     check_prefix_host(cfg)
     check_sglang_version()
     rest = resolve_model(rest)

@@ -15,10 +15,12 @@ UnifiedTreeCore method:
                        token), which a returning prefix inherits
   evict_device_start   an eviction round: score the evictable leaves, pick the pin set
 
-With a host budget (--prefix-host-tokens N > 0), three more (prefix_host.py): evict_device_leaf
+  reset                a flush: the old tree's records and ghosts go (and the host tier's entries)
+
+With a host budget (--prefix-host-tokens N > 0), two more (prefix_host.py): evict_device_leaf
 (BEFORE: demote a leaf of high predicted reuse to host blocks through DuplexKV before SGLang frees
-its slots), UnifiedRadixCache._match_tree (AROUND: restore demoted entries that continue a
-request's match, then match again) and reset (AFTER: drop them all).
+its slots) and UnifiedRadixCache._match_tree (AROUND: restore demoted entries that continue a
+request's match, then match again).
 """
 
 from __future__ import annotations
@@ -223,8 +225,14 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         return result
 
     def on_reset(result: None, core: Any, *args: Any, **kwargs: Any) -> None:
+        # A flush (SGLang's reset swaps its node arena without unregistering a node): the old
+        # tree's records would stay forever, keyed by ids that never recur.
         st = _state(core)
-        if st is not None and st.host is not None:
+        if st is None:
+            return
+        st.predictor.drop_tree()
+        st.ranker.reset()
+        if st.host is not None:
             st.host.store.clear()
 
     def on_evict_start(core: Any, component_type: Any, request_cnt: int, *args: Any, **kwargs: Any) -> None:
@@ -235,7 +243,8 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         root = core.root_node
         # In node-id order: SGLang's leaf set iterates in memory-address order, which would make
         # the pin set's ties (and so a run) differ from process to process.
-        leaves = [Leaf(n.id, _end_depth(n, root), len(n.key) if n.key is not None else 0)
+        page = core.page_size
+        leaves = [Leaf(n.id, _end_depth(n, root), len(n.key) if n.key is not None else 0, _ghost_key(n, page))
                   for n in sorted(core.evictable_device_leaves, key=lambda n: n.id)]
         st.ranker.begin_round(leaves, st.clock())
         st.charge(start)
@@ -246,7 +255,7 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
     yield f"{CORE}._split_node", on_split, "AFTER"
     yield f"{CORE}._unregister_node", on_unregister, "BEFORE"
     yield f"{CORE}.evict_device_start", on_evict_start, "BEFORE"
+    yield f"{CORE}.reset", on_reset, "AFTER"
     if host_tokens != 0:
         yield f"{CORE}.evict_device_leaf", on_evict_leaf, "BEFORE"
         yield f"{CACHE}._match_tree", around_match, "AROUND"
-        yield f"{CORE}.reset", on_reset, "AFTER"

@@ -142,9 +142,17 @@ class ReusePredictor:
         st.sample = (now, self.features(st, now))
         return st
 
-    def shape(self, node: Hashable, now: float, end_depth: int, length: int) -> None:
-        st = self.stats(node, now)
+    def shape(self, node: Hashable, now: float, end_depth: int, length: int, ghost_key: Hashable | None = None) -> None:
+        """The node's place in the tree (an eviction round sees it; with `ghost_key` a node first
+        seen here still inherits its prefix's ghost, as at a hit)."""
+        st = self.stats(node, now, ghost_key)
         st.end_depth, st.length = int(end_depth), int(length)
+
+    def drop_tree(self) -> None:
+        """The tree was reset (a cache flush): every node's record and ghost goes, unlabelled (the
+        flush removed them, not the traffic); the learned weights and the traffic's rhythm stay."""
+        self.nodes.clear()
+        self.ghosts.clear()
 
     def hit(self, node: Hashable, now: float, requester: Hashable, slo_class: str | None = None,
             ghost_key: Hashable | None = None) -> bool:
@@ -214,11 +222,12 @@ class ReusePredictor:
 @dataclass(frozen=True)
 class Leaf:
     """An evictable leaf as the ranker sees it: its id, its prefix's tokens (root through the
-    leaf's end) and its own tokens."""
+    leaf's end), its own tokens and its ghost key (where an evicted prefix's history waits)."""
 
     node: Hashable
     end_depth: int
     length: int
+    ghost_key: Hashable | None = None
 
 
 class EvictionRanker:
@@ -253,7 +262,7 @@ class EvictionRanker:
         self.rounds += 1
         scored = []
         for leaf in leaves:
-            self.predictor.shape(leaf.node, now, leaf.end_depth, leaf.length)
+            self.predictor.shape(leaf.node, now, leaf.end_depth, leaf.length, leaf.ghost_key)
             scored.append((self.predictor.score(leaf.node, now), leaf))
         self._scores = {leaf.node: s for s, leaf in scored}
         scored.sort(key=lambda sl: -sl[0])
@@ -265,6 +274,10 @@ class EvictionRanker:
                 pinned.add(leaf.node)
                 used += leaf.end_depth
         self.pinned, self.pinned_tokens = frozenset(pinned), used
+
+    def reset(self) -> None:
+        """The tree was reset: no scores, no pins."""
+        self.pinned, self.pinned_tokens, self._scores = frozenset(), 0, {}
 
     def priority(self, node: Hashable, last_access: float, now: float | None = None) -> tuple[int, float, float]:
         score = self._scores.get(node)

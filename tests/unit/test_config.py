@@ -270,6 +270,21 @@ def test_predictive_prefix_cache_refuses_sglangs_eviction_flags() -> None:
         check_prefix_cache(predictive, "lfu", False)
     with pytest.raises(ConfigError, match="--disable-radix-cache"):
         check_prefix_cache(predictive, None, True)
+    # model parallelism: every rank keeps a tree, and ours scores by each rank's clock
+    check_prefix_cache(predictive, None, False, {"--tp-size": 1, "--pp-size": 1})
+    check_prefix_cache(SuperInferConfig(), None, False, {"--tp-size": 4})
+    for flags in ({"--tp-size": 2}, {"--tensor-parallel-size": 8}, {"--pp-size": 2}):
+        with pytest.raises(ConfigError, match="diverge"):
+            check_prefix_cache(predictive, None, False, flags)
+
+
+def test_model_parallel_flags_read_sglangs_spellings() -> None:
+    from superinfer_sgl.launch_server import model_parallel_flags
+
+    assert model_parallel_flags(["--tensor-parallel-size", "2", "--pp-size=4"]) == {"--tensor-parallel-size": 2,
+                                                                                  "--pp-size": 4}
+    assert model_parallel_flags(["--tp-size", "x"]) == {}  # SGLang's parser says what is wrong
+    assert model_parallel_flags([]) == {}
 
 
 def test_prefix_host_tokens_auto_off_or_a_count_only_with_the_predictive_cache() -> None:

@@ -148,3 +148,47 @@ def test_the_hooks_come_off_again() -> None:
     with HookedTreeCore():
         assert UnifiedTreeCore.__dict__["match_prefix"] is not before["match_prefix"]
     assert all(UnifiedTreeCore.__dict__[k] is v for k, v in before.items())
+
+
+def test_a_returning_prefix_keeps_its_ghost_across_an_eviction_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recomputed prefix's new node may be seen first by an eviction round (its inserting request
+    matched nothing, so no hit created its record): the round's record inherits the ghost, and the
+    next request's hit finds the history, not a fresh record beside an orphaned ghost."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    cache = _cache(monkeypatch, predictive=True)
+    core = cache.tree_core
+    p = core._superinfer_prefix.predictor
+    for rid, tail in (("a", [1, 2, 3]), ("b", [7, 8]), ("c", [9])):
+        _serve(cache, SYSTEM + tail, rid)
+    head = next(iter(core.root_node.children.values()))
+    hits = p.nodes[head.id].hits
+    cache.evict(EvictParams(num_tokens=cache.evictable_size()))
+    assert p.ghosts
+    _serve(cache, SYSTEM + [5], "d")
+    core.evict_device_start(ComponentType.FULL, 0)  # a round before the prefix's next request
+    core.evict_device_end(ComponentType.FULL)
+    _serve(cache, SYSTEM + [6], "e")
+    again = next(iter(core.root_node.children.values()))
+    assert p.nodes[again.id].hits >= hits
+    assert not [k for k in p.ghosts if k[0] == core.root_node.id]  # the prefix's ghost was taken
+
+
+def test_a_flush_drops_the_old_trees_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's reset (a /flush_cache, a weight update) swaps its node arena without unregistering a
+    node: the predictor's records and ghosts of the old tree go with it (ids never recur)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache = _cache(monkeypatch, predictive=True)
+    state = cache.tree_core._superinfer_prefix
+    for rid, tail in (("a", [1, 2, 3]), ("b", [7, 8])):
+        _serve(cache, SYSTEM + tail, rid)
+    cache.evict(EvictParams(num_tokens=3))
+    _serve(cache, [40, 41, 42], "c")
+    assert state.predictor.nodes and state.predictor.ghosts
+    weights = list(state.predictor.weights)
+    cache.reset()
+    assert not state.predictor.nodes and not state.predictor.ghosts and not state.ranker.pinned
+    assert state.predictor.weights == weights  # what it learned stays
+    assert _serve(cache, SYSTEM + [1], "d") == 0 and state.predictor.nodes is not None

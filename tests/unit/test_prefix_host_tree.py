@@ -302,10 +302,12 @@ def test_the_server_installs_the_host_hooks_with_the_predictive_cache_unless_off
     def targets(**kw: Any) -> set[str]:
         return {t for t, _, _ in hooks.hooks(SuperInferConfig(**kw))}
 
-    host = {f"{prefix_cache.CORE}.evict_device_leaf", f"{prefix_cache.CACHE}._match_tree", f"{prefix_cache.CORE}.reset"}
-    assert host <= targets(prefix_cache="predictive")  # auto
+    host = {f"{prefix_cache.CORE}.evict_device_leaf", f"{prefix_cache.CACHE}._match_tree"}
+    reset = f"{prefix_cache.CORE}.reset"  # the predictor's records go on a flush, host tier or not
+    assert host | {reset} <= targets(prefix_cache="predictive")  # auto
+    assert reset in targets(prefix_cache="predictive", prefix_host_tokens=0)
     assert not host & targets(prefix_cache="predictive", prefix_host_tokens=0)
-    assert not host & targets()  # SGLang's own radix cache: none of ours
+    assert not (host | {reset}) & targets()  # SGLang's own radix cache: none of ours
     assert hooks.forward_fence() == []  # no scheduler yet: nothing to wait for
 
 
