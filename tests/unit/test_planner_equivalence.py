@@ -281,7 +281,8 @@ class Server:
         self.rt.clocks.meter = CostMeter(costs)  # what the server would have measured: the simulator's model
         live = [r for r in self.batch.reqs if not r.finished()]
         self.observe(t)
-        order = self.rt._step(self.batch, live, t)
+        budget = self.rt.clocks.rotation_budget(self.rt.engine.host_pool.bytes_per_block)  # as around_prefill
+        order = self.rt._step(self.batch, live, t, budget)
         self.order = [r.rid for r in order]
         admitted: list[FakeReq] = []
 
