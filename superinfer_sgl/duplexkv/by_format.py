@@ -201,6 +201,11 @@ class EnginesByFormat:
         self.engines[self.format_of(rid)].untrack(rid)
         self._rids.pop(rid, None)
 
+    def untrack_all(self) -> None:
+        for engine in self.engines.values():
+            engine.untrack_all()
+        self._rids.clear()
+
     def sync_full_blocks(self, rid: str, slots: torch.Tensor, num_tokens: int, after: After = None,
                          max_blocks: int | None = None) -> int:
         return self.engines[self.format_of(rid)].sync_full_blocks(rid, slots, num_tokens, after, max_blocks)

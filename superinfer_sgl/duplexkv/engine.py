@@ -229,6 +229,11 @@ class RotationEngine:
         self._reap()
         self.mirror.untrack(rid)
 
+    def untrack_all(self) -> None:
+        """Forget every mirror (the device KV they copied is being recomputed)."""
+        for rid in self.mirror.rids():
+            self.untrack(rid)
+
     def sync_full_blocks(
         self,
         rid: str,

@@ -128,36 +128,36 @@ class RotaryStore:
         for rid in [r for r in self.prefetched if match(r)]:
             self.drop_prefetch(rid)  # before its HostKV is freed: the slots are ours to give back
         for rid in [r for r in self.entries if match(r)]:
-            entry = self.entries.pop(rid)
             self.stats.aborted_rotary += 1
-            if self.engine is not None:
-                self.engine.free(entry.host_kv)
-            entry.window = None  # its host window rows go with it
-            self.sched.waiting_queue.append(entry.req)
+            self.sched.waiting_queue.append(self._release(rid))
         for rid in [r for r in self.resume_locks if match(r)]:
             self.sched.tree_cache.unlock(self.resume_locks.pop(rid))
 
     def recompute_all(self) -> list[Any]:
         """Every rotary request back to SGLang's queue to be recomputed (its host KV freed, a
-        prefetch given back), every resume lock released: SGLang retracted all it runs
-        (`pause_generation(mode="retract")`, a weight update). Returns the requeued requests."""
+        prefetch given back), every resume lock released, every host mirror dropped: SGLang
+        retracted all it runs (`pause_generation(mode="retract")`, a weight update), so no KV of
+        the old weights may come back. Returns the requeued requests."""
         for rid in list(self.prefetched):
             self.drop_prefetch(rid)
-        requeued = []
-        for rid, entry in list(self.entries.items()):
-            del self.entries[rid]
-            if self.engine is not None:
-                self.engine.free(entry.host_kv)
-                self.engine.untrack(rid)
-            entry.window = None
-            self.digests.pop(rid, None)
-            self.sched._add_request_to_queue(entry.req, is_retracted=True)
-            requeued.append(entry.req)
+        requeued = [self._release(rid) for rid in list(self.entries)]
+        for req in requeued:
+            self.sched._add_request_to_queue(req, is_retracted=True)
         for rid, lock in list(self.resume_locks.items()):
             del self.resume_locks[rid]
-            self.digests.pop(rid, None)  # its restored prefix may be flushed: nothing to verify
             self.sched.tree_cache.unlock(lock)
+        self.digests.clear()  # restored prefixes may be flushed: nothing left to verify
+        if self.engine is not None:
+            self.engine.untrack_all()
         return requeued
+
+    def _release(self, rid: str) -> Any:
+        """Take `rid`'s entry out, its host KV freed; returns its request."""
+        entry = self.entries.pop(rid)
+        if self.engine is not None:
+            self.engine.free(entry.host_kv)
+        entry.window = None  # its host window rows go with it
+        return entry.req
 
     def forget(self, rid: str) -> None:
         """A request that ended or was aborted: its mirror and digest go."""

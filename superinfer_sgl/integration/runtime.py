@@ -325,19 +325,10 @@ class RotaSchedRuntime:
             if clk is not None:
                 clk.recomputes += 1
                 clk.set_state(ReqState.WAITING, now)
-        if self.engine is not None:
-            for rid in self.engine_mirror_rids():
-                self.engine.untrack(rid)
         self.step_views.reset()
         if requeued:
             logger.info("superinfer: generation paused (retract): %d rotary request(s) requeued to recompute",
                         len(requeued))
-
-    def engine_mirror_rids(self) -> list[str]:
-        """Rids with a host mirror, in every precision's engine."""
-        assert self.engine is not None
-        engines = getattr(self.engine, "engines", None)
-        return [rid for e in (engines.values() if engines else [self.engine]) for rid in e.mirror.rids()]
 
     def retract_decode(self, original: Callable[[Any], Any], batch: Any) -> Any:
         """SGLang's `ScheduleBatch.retract_decode(batch)` (a decode memory shortage): requests

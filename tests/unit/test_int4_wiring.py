@@ -128,3 +128,23 @@ def test_pool_usage_counts_every_formats_pool():
     assert eng.room_blocks(enough=1) == min(pools["auto"].num_blocks, pools["int4"].num_blocks - 3)
     eng.free(h.saved[0])
     assert store.pool_usage() == (0, total)
+
+
+def test_untrack_all_drops_every_formats_mirrors():
+    """A retract pause (SGLang's weight update) recomputes every request: the mirrors of each
+    precision's engine go, their host blocks back in the pools."""
+    dev = device(torch.float32)
+    pools = HostKVPool.for_formats(dev, 4, ["auto", "int4"], gb=0.001)
+    eng = EnginesByFormat(dev, pools, "auto", "torch", class_formats={"batch": "int4"})
+    eng.track_class("b", "batch")
+    eng.track_class("x", None)
+    for rid, slots in (("b", torch.arange(0, 9)), ("x", torch.arange(9, 17))):
+        eng.track(rid)
+        assert eng.sync_full_blocks(rid, slots, slots.numel()) == 2
+    eng.quiesce()
+    assert pools["auto"].allocator.num_used == 2 and pools["int4"].allocator.num_used == 2
+    eng.untrack_all()
+    eng.quiesce()
+    assert pools["auto"].allocator.num_used == 0 and pools["int4"].allocator.num_used == 0
+    assert eng.format_of("b") == "auto"  # the class record went with the mirror
+    eng.check_invariants()
