@@ -40,6 +40,10 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     def before_abort(sched: Any, recv_req: Any) -> None:
         sched._superinfer.before_abort(recv_req)
 
+    def before_release_aborted(sched: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+        # SGLang drops a request on paths that skip abort_request (its queue limit): ours go too.
+        sched._superinfer.release_aborted(req)
+
     def idle(result: bool, sched: Any, *args: Any, **kwargs: Any) -> bool:
         # A rotary request waits on nobody: never let the loop sleep or run idle checks over it.
         return bool(result) and not sched._superinfer.has_work()
@@ -66,6 +70,7 @@ def hooks(cfg: SuperInferConfig) -> Iterator[tuple[str, Callable[..., Any], Any]
     yield f"{SCHED}.__init__", attach, HookType.AFTER
     yield f"{SCHED}.get_new_batch_prefill", around_prefill, HookType.AROUND
     yield f"{SCHED}.abort_request", before_abort, HookType.BEFORE
+    yield f"{SCHED}._release_aborted_request", before_release_aborted, HookType.BEFORE
     yield f"{SCHED}.is_fully_idle", idle, HookType.AFTER
     yield "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", retract_decode, HookType.AROUND
     yield f"{SCHED}.pause_generation", after_pause, HookType.AFTER

@@ -76,6 +76,8 @@ class RotaryStore:
         entry.window = None  # a sliding window's rows are back on the device
         self.resume_locks[rid] = lock
         self.sched.waiting_queue.append(entry.req)
+        # its wait starts now, as SGLang's requeue stamps it (SGLANG_REQ_WAITING_TIMEOUT reads it)
+        entry.req.time_stats.set_wait_queue_entry_time()
         self.stats.resumes += 1
 
     # ---- prefetch ----------------------------------------------------------------------------
@@ -131,7 +133,17 @@ class RotaryStore:
             self.stats.aborted_rotary += 1
             self.sched.waiting_queue.append(self._release(rid))
         for rid in [r for r in self.resume_locks if match(r)]:
-            self.sched.tree_cache.unlock(self.resume_locks.pop(rid))
+            self.release_lock(rid)
+
+    def release_lock(self, rid: str) -> bool:
+        """Our lock on a resumed request's restored prefix goes (it leaves before admission);
+        False if it held none."""
+        lock = self.resume_locks.pop(rid, None)
+        if lock is None:
+            return False
+        self.digests.pop(rid, None)
+        self.sched.tree_cache.unlock(lock)
+        return True
 
     def recompute_all(self) -> list[Any]:
         """Every rotary request back to SGLang's queue to be recomputed (its host KV freed, a
@@ -143,9 +155,8 @@ class RotaryStore:
         requeued = [self._release(rid) for rid in list(self.entries)]
         for req in requeued:
             self.sched._add_request_to_queue(req, is_retracted=True)
-        for rid, lock in list(self.resume_locks.items()):
-            del self.resume_locks[rid]
-            self.sched.tree_cache.unlock(lock)
+        for rid in list(self.resume_locks):
+            self.release_lock(rid)
         self.digests.clear()  # restored prefixes may be flushed: nothing left to verify
         if self.engine is not None:
             self.engine.untrack_all()

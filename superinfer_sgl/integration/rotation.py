@@ -145,7 +145,9 @@ def track(engine: Any, req: Any) -> None:
 def can_rotate(req: Any) -> bool:
     kv = req.kv
     n = restorable_tokens(req)
-    return bool(req.output_ids) and kv.holds_kv and kv.kv_allocated_len >= n > 0 and not req.finished()
+    # `to_finish`: an abort SGLang ends at the next forward's result; parked, it would wait for a resume
+    return (bool(req.output_ids) and kv.holds_kv and kv.kv_allocated_len >= n > 0 and not req.finished()
+            and getattr(req, "to_finish", None) is None)
 
 
 # ---- one step: every out and every in through one engine.rotate call ---------------------------

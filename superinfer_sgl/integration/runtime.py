@@ -224,10 +224,11 @@ class RotaSchedRuntime:
         self.stats.duplex_steps += bool(step.rotated and step.resumed)
         clocks = self.clocks.by_rid
         for req in step.recompute:
-            clk = clocks[req.rid]
-            clk.recomputes += 1
-            clk.set_state(ReqState.WAITING, now)
             self.store.recomputed(req.rid)
+            clk = clocks.get(req.rid)  # none if SGLang's queue limit turned the requeue away
+            if clk is not None:
+                clk.recomputes += 1
+                clk.set_state(ReqState.WAITING, now)
         for entry in step.rotated:
             self.store.park(entry, self.iteration)
             clk = clocks[entry.req.rid]
@@ -311,6 +312,18 @@ class RotaSchedRuntime:
     def forget_kv(self, reqs: list[Any]) -> None:
         """SGLang retracted these requests to recompute them: their mirrors would be stale."""
         self.store.forget_kv(reqs)
+
+    def release_aborted(self, req: Any) -> None:
+        """SGLang let `req` go itself (`Scheduler._release_aborted_request`), on paths that never
+        call `abort_request`: its queue limit (`--max-queued-requests`) turning away a queued
+        request, or a requeue of ours, as an arrival of higher priority comes. Our lock on a
+        resumed request's prefix, its clock and its mirror go with it. (Through `abort_request`,
+        `before_abort` already released them: nothing left to do.)"""
+        rid = req.rid
+        self.store.release_lock(rid)
+        if rid in self.clocks.by_rid and self.clocks.drop(rid.__eq__):
+            self.store.forget(rid)
+            self.step_views.reset()  # its view leaves the pending index
 
     def after_retract_pause(self) -> None:
         """SGLang paused generation in `retract` mode (its weight-update path: every running

@@ -623,3 +623,92 @@ def test_a_recompute_fallback_waits_a_step_under_the_overlap_scheduler(monkeypat
     h.decisions.append(Decision())
     h.rt.around_prefill(admit_nobody, h.sched, h.batch)
     assert offered[-1] == ["b"]
+
+
+def _queue_limited_scheduler(h: Harness, sent: list[str]) -> SimpleNamespace:
+    """A stand-in `self` for SGLang's `Scheduler._abort_on_queued_limit`: a one-request queue under
+    priority scheduling; its `_release_aborted_request` runs our BEFORE hook (hooks.py)."""
+    from superinfer_sgl.integration import hooks as hooks_mod
+
+    hook = next(fn for target, fn, _ in hooks_mod.hooks(h.rt.cfg) if target.endswith("._release_aborted_request"))
+    owner = SimpleNamespace(_superinfer=h.rt)
+    return SimpleNamespace(
+        max_queued_requests=1, waiting_queue=h.sched.waiting_queue, enable_priority_scheduling=True,
+        schedule_low_priority_values_first=True, _release_aborted_request=lambda req: hook(owner, req),
+        beam_coordinator=SimpleNamespace(retire_group=lambda req: None),
+        send_abort_output=lambda out, req: sent.append(req.rid))
+
+
+def test_a_resumed_request_sglangs_queue_limit_turns_away_leaves_nothing_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's queue limit (`--max-queued-requests`, priority scheduling) pops a queued request for
+    a better arrival and aborts it without `abort_request`: a resumed request waiting for admission
+    must give back our lock on its restored prefix, its clock and its mirror, or the restored
+    prefix stays locked and the server never counts as idle again."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    h = Harness(monkeypatch, prefetch=False)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    h.step(rotate_out=("b",))
+    h.step(resume=("b",))  # b's KV is back under our lock; admission takes nobody this step
+    assert h.rt.store.resume_locks.keys() == {"b"} and h.sched.waiting_queue == [b]
+    b.priority = 10
+    new = SimpleNamespace(rid="new", priority=0, time_stats=SimpleNamespace(trace_ctx=SimpleNamespace(abort=lambda **k: None)))
+    b.time_stats.trace_ctx = SimpleNamespace(abort=lambda **k: None)
+    monkeypatch.setattr(sched_mod, "_make_abort_req", lambda req, **kw: req)
+    sent: list[str] = []
+    assert sched_mod.Scheduler._abort_on_queued_limit(_queue_limited_scheduler(h, sent), new) is False
+    assert sent == ["b"] and h.sched.waiting_queue == []
+    assert not h.rt.store.resume_locks and h.tree.unlocked == [("lock", h.tree.locked[-1])]
+    assert "b" not in h.rt.clocks.by_rid and "b" not in h.engine.mirror and not h.rt.has_work()
+    h.step()  # the next step runs on without it
+    h.engine.quiesce()
+    h.engine.check_invariants()
+
+
+def test_the_queue_limit_turning_away_a_requeue_of_ours_drops_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotation that falls back to recompute requeues through SGLang's `_add_request_to_queue`,
+    which may abort the request itself (its queue full): the step goes on, the clock goes."""
+    h = Harness(monkeypatch, host_blocks=2, prefetch=False)  # b's 5 blocks do not fit: recompute
+    h.run("a", 12, 8, pool_idx=1)
+    h.run("b", 13, 7, pool_idx=2)
+    h.step()
+
+    def refused(req: Any, is_retracted: bool = False) -> None:
+        h.rt.release_aborted(req)  # what SGLang's full queue does (`_abort_on_queued_limit`)
+    h.sched._add_request_to_queue = refused
+    h.step(rotate_out=("b",))
+    assert "b" not in h.rt.clocks.by_rid and not h.rt.store.entries and h.rt.stats.recompute_fallbacks == 1
+
+
+def test_a_resume_restamps_the_wait_in_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed request's wait starts at its resume, as SGLang's own requeue stamps it, so
+    `SGLANG_REQ_WAITING_TIMEOUT` does not time it out for the time it ran before."""
+    import time
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    monkeypatch.setenv("SGLANG_REQ_WAITING_TIMEOUT", "30")
+    h = Harness(monkeypatch, prefetch=False)
+    h.run("a", 12, 8, pool_idx=1)
+    b = h.run("b", 13, 7, pool_idx=2)
+    b.time_stats.wait_queue_entry_time = time.perf_counter() - 100  # queued 100 s ago, running since
+    h.step(rotate_out=("b",))
+    h.step(resume=("b",))  # resumed now; admission takes nobody this step
+    poll = SimpleNamespace(waiting_queue=h.sched.waiting_queue, _collect_inflight_batches=lambda: [])
+    assert Scheduler._poll_timeout_aborts(poll) == []
+
+
+def test_an_aborted_running_request_is_not_rotated_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang aborts a running request by setting `to_finish` (it ends at its next forward's
+    result): parked on host it would wait for a resume before its abort took effect."""
+    h = Harness(monkeypatch, prefetch=False)
+    a = h.run("a", 12, 8, pool_idx=1)
+    h.run("b", 13, 7, pool_idx=2)
+    from superinfer_sgl.integration.views import rotatable
+
+    h.step()
+    assert rotatable(h.sched, a)  # what the policy's views, LVF's victims and a shortage's ask
+    a.to_finish = "abort"
+    h.rt.before_abort(SimpleNamespace(abort_all=False, rid="a"))
+    assert not rotatable(h.sched, a) and not rotation.can_rotate(a)
