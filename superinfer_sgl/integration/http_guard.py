@@ -120,7 +120,22 @@ def around_normalize(original: Callable[..., Any], obj: Any, *args: Any, **kwarg
         raise ValueError(f"malformed request (text, input_ids, input_embeds or sampling_params): "
                          f"{type(exc).__name__}: {exc}"[:500]) from None
     check_rids(obj)
+    check_batch_params(obj)
     return result
+
+
+def check_batch_params(obj: Any) -> None:
+    """ValueError unless a batch's list of sampling params has one entry per prompt: SGLang
+    repeats the list for `n` without checking its length, so a short list failed later on an
+    index (HTTP 500, the first prompts already sent) and a long one dropped its extra entries
+    (their SLOs with them) without a word."""
+    params = getattr(obj, "sampling_params", None)
+    if getattr(obj, "is_single", True) or not isinstance(params, list):
+        return
+    n = max(1, getattr(obj, "parallel_sample_num", 1))
+    if len(params) != obj.batch_size * n:
+        raise ValueError(f"sampling_params: a batch of {obj.batch_size} prompts takes {obj.batch_size} "
+                         f"sampling_params objects (or one object for all), got {len(params) // n}")
 
 
 def check_rids(obj: Any) -> None:

@@ -48,7 +48,8 @@ def around_generate(cfg: SuperInferConfig) -> Callable[..., AsyncIterator[Any]]:
         if isinstance(obj, GenerateReqInput):  # embedding requests have no SLO
             request = args[0] if args else kwargs.get("request")
             stamp_received(obj, received_unix(getattr(obj, "received_time", None)),
-                           unmetered=unmetered_reason(self, obj, request))
+                           unmetered=unmetered_reason(self, obj, request),
+                           preferred=getattr(self, "preferred_sampling_params", None))
             await fold_request(conv, obj, request)
         async with contextlib.aclosing(original(self, obj, *args, **kwargs)) as responses:
             async for response in responses:
@@ -61,7 +62,7 @@ async def fold_request(conv: SloConventions, obj: Any, request: Any) -> None:
     """Fold the conventions a generation request carries into `obj`'s sampling params (`obj`:
     a GenerateReqInput; `request`: its FastAPI request, or None when the Engine API calls)."""
     headers = _headers(request)
-    tier = await _body_field(request, SERVICE_TIER_FIELD)
+    tier = await _body_field(request, SERVICE_TIER_FIELD) if _openai_or_native(request) else None
     priority = obj.priority if conv.maps_priority else None
     if not headers and tier is None and priority is None:
         return
@@ -111,16 +112,22 @@ def received_unix(received_perf: float | None) -> float:
     return now - max(0.0, time.perf_counter() - received_perf)
 
 
-def stamp_received(obj: Any, when_unix: float, unmetered: str | None = None) -> None:
+def stamp_received(obj: Any, when_unix: float, unmetered: str | None = None,
+                   preferred: Mapping[str, Any] | None = None) -> None:
     """Put `when_unix` into every sampling-params dict of `obj` under custom_params[RECEIVED_KEY]
     (the scheduler's RotaSched clock starts there), and `unmetered` under UNMETERED_KEY (None:
     the key is removed). Values SGLang will reject anyway (params or custom_params that are not
-    objects) are left for its validation to name."""
+    objects) are left for its validation to name. `preferred`: the server's
+    `--preferred-sampling-params`, which SGLang merges under the request's own, key by key: a
+    request that sends no `custom_params` starts from the preferred ones (the stamp would
+    otherwise replace them)."""
+    fallback = preferred.get("custom_params") if isinstance(preferred, Mapping) else None
 
     def stamp(params: Any) -> Any:
         if params is not None and not isinstance(params, dict):
             return params
-        custom = (params or {}).get("custom_params")
+        params = params or {}
+        custom = params["custom_params"] if "custom_params" in params else fallback
         if custom is not None and not isinstance(custom, dict):
             return params
         custom = {**(custom or {}), RECEIVED_KEY: when_unix}
@@ -128,12 +135,22 @@ def stamp_received(obj: Any, when_unix: float, unmetered: str | None = None) -> 
             custom.pop(UNMETERED_KEY, None)
         else:
             custom[UNMETERED_KEY] = unmetered
-        return {**(params or {}), "custom_params": custom}
+        return {**params, "custom_params": custom}
 
     if isinstance(obj.sampling_params, list):
         obj.sampling_params = [stamp(p) for p in obj.sampling_params]
     else:
         obj.sampling_params = stamp(obj.sampling_params)
+
+
+# Where `service_tier` is OpenAI's (and the native API's, which follows it); Anthropic's Messages
+# API has a `service_tier` of its own ("auto", "standard_only") that SGLang ignores, as we do.
+TIER_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
+def _openai_or_native(request: Any) -> bool:
+    path = getattr(getattr(request, "url", None), "path", None)
+    return isinstance(path, str) and path.rstrip("/").endswith(TIER_PATHS)
 
 
 def _headers(request: Any) -> dict[str, str]:

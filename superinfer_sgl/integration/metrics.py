@@ -65,11 +65,17 @@ UNMETERED_KEY = "superinfer_unmetered"  # integration.http_slo.UNMETERED_KEY
 
 def metered(req: Any) -> bool:
     """Whether a finished request counts in the SLO series: not a health probe (its rid), not
-    marked by the HTTP layer as one or as the startup warm-up (its custom_params)."""
+    marked by the HTTP layer as one or as the startup warm-up (its custom_params), and not a
+    prefill-only request (`max_new_tokens` 0: no token asked for, so no TTFT or TBT to keep; it
+    is what SGLang sends itself ahead of an `n > 1` request to cache its prompt, carrying the
+    samples' own custom_params)."""
     rid = getattr(req, "rid", None)
     if isinstance(rid, str) and rid.startswith(HEALTH_CHECK_RID_PREFIX):
         return False
-    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    params = getattr(req, "sampling_params", None)
+    if getattr(params, "max_new_tokens", None) == 0:
+        return False
+    custom = getattr(params, "custom_params", None)
     return not (isinstance(custom, dict) and custom.get(UNMETERED_KEY))
 
 

@@ -28,6 +28,12 @@ TBT_KEY = "tbt_slo_ms"
 # divided by a per-token cost) overflows to inf on values near the float range (1e308 ms was
 # accepted before), which would order requests by NaN or fail an int() in the scheduler.
 MAX_SLO_MS = 1e9
+# The shortest: 0.001 ms. Below ~1e-321 ms the policy's seconds (ms / 1000) are 0.0, which the views
+# refuse by assertion inside the scheduler; nothing served is within a microsecond anyway.
+MIN_SLO_MS = 1e-3
+# A number of milliseconds as text (a header, or a string in `custom_params`): ASCII decimal, no
+# "_" separators; the sign is allowed so "-5" reads as "must be > 0".
+NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 DEFAULT_CLASSES = json.dumps(
     {
@@ -87,14 +93,13 @@ def _positive(field: str, value: object) -> float:
 
 
 def _positive_ms(field: str, value: object) -> float:
-    """A finite, strictly positive number of milliseconds, or SloError naming `field`."""
+    """A finite number of milliseconds, at least MIN_SLO_MS, or SloError naming `field`."""
     if isinstance(value, bool):  # bool is an int subclass: True would read as 1 ms
         raise SloError(field, f"expected a number of milliseconds, got bool {value}")
     if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise SloError(field, f"expected a number of milliseconds, got {value!r}") from None
+        if not NUMBER.fullmatch(value.strip()):
+            raise SloError(field, f"expected a number of milliseconds, got {value!r}")
+        value = float(value.strip())
     if not isinstance(value, (int, float)):
         raise SloError(field, f"expected a number of milliseconds, got {type(value).__name__}")
     try:
@@ -103,6 +108,8 @@ def _positive_ms(field: str, value: object) -> float:
         raise SloError(field, "number is too large") from None
     if not math.isfinite(ms) or ms <= 0:
         raise SloError(field, f"must be finite and > 0, got {ms}")
+    if ms < MIN_SLO_MS:
+        raise SloError(field, f"must be at least {MIN_SLO_MS:g} ms, got {ms!r}")
     return ms
 
 
@@ -110,7 +117,7 @@ def _slo_ms(field: str, value: object) -> float:
     """An SLO a request or class asks for: a positive number of milliseconds up to MAX_SLO_MS."""
     ms = _positive_ms(field, value)
     if ms > MAX_SLO_MS:
-        raise SloError(field, f"must be at most {MAX_SLO_MS:.0e} ms, got {ms:g}")
+        raise SloError(field, f"must be at most {MAX_SLO_MS:.0e} ms, got {ms!r}")
     return ms
 
 

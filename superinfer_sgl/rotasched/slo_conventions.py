@@ -34,8 +34,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .slo import (MAX_SLO_MS, SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError, check_slo_keys,
-                  load_json, resolve_slo)
+from .slo import (MAX_SLO_MS, MIN_SLO_MS, NUMBER, SLO_CLASS_KEY, TBT_KEY, TTFT_KEY, Slo, SloClasses, SloError,
+                  check_slo_keys, load_json, resolve_slo)
 
 SERVICE_TIER_FIELD = "service_tier"
 PRIORITY_FIELD = "priority"
@@ -52,9 +52,7 @@ DEFAULT_SERVICE_TIERS: Mapping[str, str | None] = MappingProxyType(
 DEFAULT_GATEWAY_CLASSES: Mapping[str, str | None] = MappingProxyType(
     {"system": "interactive", "interactive": "interactive", "default": None, "bulk": "batch"})
 
-# A decimal number (what a header may carry); the sign is allowed so "-5" reads as "must be > 0".
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_INTEGER = re.compile(r"[+-]?\d+")
+_INTEGER = re.compile(r"[+-]?\d+", re.ASCII)
 
 
 class SloConventionError(SloError):
@@ -147,12 +145,14 @@ class SloConventions:
 def header_ms(header: str, raw: str) -> float:
     """A header's number of milliseconds: finite and > 0, or SloConventionError naming it."""
     text = raw.strip()
-    if not _NUMBER.fullmatch(text):
+    if not NUMBER.fullmatch(text):
         raise SloConventionError(header, f"expected a number of milliseconds, got {raw!r}", header=True)
     ms = float(text)
     if not math.isfinite(ms) or ms <= 0:
         raise SloConventionError(header, f"must be a finite number of milliseconds > 0, got {raw!r}",
                                  header=True)
+    if ms < MIN_SLO_MS:
+        raise SloConventionError(header, f"must be at least {MIN_SLO_MS:g} ms, got {raw!r}", header=True)
     if ms > MAX_SLO_MS:
         raise SloConventionError(header, f"must be at most {MAX_SLO_MS:.0e} ms, got {raw!r}", header=True)
     return ms

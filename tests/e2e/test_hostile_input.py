@@ -106,6 +106,9 @@ CASES: list[tuple[str, str, dict[str, str], bytes, str]] = [
     ("gen-tbt-negative", G, {}, _gen({"tbt_slo_ms": -5}), "tbt_slo_ms"),
     ("gen-ttft-huge", G, {}, _gen({"ttft_slo_ms": 1e308}), "ttft_slo_ms"),
     ("gen-tbt-past-bound", G, {}, _gen({"tbt_slo_ms": MAX_SLO_MS * 10}), "at most"),
+    # 1e-322 ms is 0.0 s in the scheduler: its views' assertion stopped the server
+    ("gen-ttft-tiny", G, {}, _gen({"ttft_slo_ms": 1e-322}), "at least"),
+    ("gen-tbt-separators", G, {}, _gen({"tbt_slo_ms": "1_000"}), "tbt_slo_ms"),
     ("gen-ttft-list", G, {}, _gen({"ttft_slo_ms": [100]}), "ttft_slo_ms"),
     ("gen-ttft-object", G, {}, _gen({"ttft_slo_ms": {"ms": 100}}), "ttft_slo_ms"),
     ("gen-tbt-bool", G, {}, _gen({"tbt_slo_ms": True}), "tbt_slo_ms"),
@@ -135,6 +138,7 @@ CASES: list[tuple[str, str, dict[str, str], bytes, str]] = [
     ("gen-hdr-ttft-zero", G, {"x-slo-ttft-ms": "0"}, _gen(), "x-slo-ttft-ms"),
     ("gen-hdr-ttft-inf", G, {"x-slo-ttft-ms": "1e999"}, _gen(), "x-slo-ttft-ms"),
     ("gen-hdr-ttft-huge", G, {"x-slo-ttft-ms": "1e12"}, _gen(), "at most"),
+    ("gen-hdr-tpot-tiny", G, {"x-slo-tpot-ms": "1e-322"}, _gen(), "at least"),
     ("gen-hdr-tpot-negative", G, {"x-slo-tpot-ms": "-3"}, _gen(), "x-slo-tpot-ms"),
     ("gen-hdr-tpot-unit", G, {"x-slo-tpot-ms": "40ms"}, _gen(), "x-slo-tpot-ms"),
     ("gen-hdr-tpot-long", G, {"x-slo-tpot-ms": "1" * 4000}, _gen(), "x-slo-tpot-ms"),
@@ -160,6 +164,9 @@ CASES: list[tuple[str, str, dict[str, str], bytes, str]] = [
         {"max_new_tokens": 2}, {"max_new_tokens": 2, "custom_params": {"slo_class": "zzz"}}]}), "slo_class"),
     ("gen-batch-one-empty", G, {}, _raw({"text": ["a", ""], "sampling_params": {"max_new_tokens": 2}}),
      "prompt is empty"),
+    # SGLang repeats a batch's list unchecked: a short one failed with a 500 after the first prompt went out
+    ("gen-batch-short-params", G, {}, _raw({"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]}),
+     "a batch of 2 prompts takes 2 sampling_params"),
     ("gen-n2-bad-class", G, {}, _raw({"text": "a", "sampling_params": {
         "max_new_tokens": 2, "n": 2, "custom_params": {"slo_class": "zzz"}}}), "slo_class"),
     ("gen-regex-bad", G, {}, _raw({"text": "a", "sampling_params": {"max_new_tokens": 2, "regex": "(("}}), "regex"),

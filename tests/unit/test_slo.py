@@ -99,7 +99,11 @@ def test_other_keys_ignored() -> None:
 @pytest.mark.parametrize("key", ["ttft_slo_ms", "tbt_slo_ms"])
 @pytest.mark.parametrize(
     "value", [-1, 0, 0.0, -0.5, math.nan, math.inf, -math.inf, True, False, "fast", "", "nan",
-              "inf", [100], {"ms": 1}, 10**400],
+              "inf", [100], {"ms": 1}, 10**400,
+              # under 0.001 ms (1e-322 ms is 0.0 s, which the scheduler's views refuse by assertion)
+              1e-322, 5e-324, 1e-4, "1e-322",
+              # what a header refuses: "_" separators, non-ASCII digits
+              "1_000", "\u0661\u0660\u0660\u0660"],
 )
 def test_bad_values_name_their_field(key: str, value: object) -> None:
     with pytest.raises(SloError) as e:
@@ -127,8 +131,17 @@ def test_custom_params_must_be_a_mapping() -> None:
 
 
 @pytest.mark.parametrize("kw, field", [({"ttft_ms": 0, "tbt_ms": 1}, "ttft_ms"),
-                                       ({"ttft_ms": 1, "tbt_ms": math.nan}, "tbt_ms")])
+                                       ({"ttft_ms": 1, "tbt_ms": math.nan}, "tbt_ms"),
+                                       ({"ttft_ms": 1e-322, "tbt_ms": 1}, "ttft_ms")])
 def test_slo_validates(kw: dict[str, float], field: str) -> None:
     with pytest.raises(SloError) as e:
         Slo(**kw)
     assert e.value.field == field
+
+
+def test_the_shortest_slo_has_positive_seconds() -> None:
+    """The floor's SLO reaches the policy as a positive number of seconds (ReqView asserts > 0)."""
+    from superinfer_sgl.rotasched.slo import MIN_SLO_MS
+
+    slo = resolve_slo({"ttft_slo_ms": MIN_SLO_MS, "tbt_slo_ms": str(MIN_SLO_MS)}, DEFAULT, CLASSES)
+    assert slo.ttft_s > 0 and slo.tbt_s > 0

@@ -80,6 +80,16 @@ def test_probes_and_warmup_are_unmetered() -> None:
     assert not metered(_req("abc", {UNMETERED_KEY: HEALTH_CHECK}))
 
 
+def test_prefill_only_requests_are_unmetered() -> None:
+    """SGLang caches an `n > 1` request's prompt with a request of its own first (max_new_tokens
+    0, a new rid, the samples' custom_params): no client waits on its token."""
+    req = _req("abc", {"slo_class": "batch"})
+    req.sampling_params.max_new_tokens = 0
+    assert not metered(req)
+    req.sampling_params.max_new_tokens = 1
+    assert metered(req)
+
+
 def test_unmetered_block_counts_nothing() -> None:
     reg = CollectorRegistry()
     m = RotaSchedMetrics(registry=reg)
@@ -196,6 +206,27 @@ def test_malformed_generate_inputs_are_value_errors(fields: dict) -> None:
     obj = GenerateReqInput(**fields)
     with pytest.raises(ValueError, match="malformed request"):
         http_guard.around_normalize(GenerateReqInput.normalize_batch_and_arguments, obj)
+
+
+@pytest.mark.parametrize("prompts, params, n", [(2, 1, 1), (2, 3, 1), (3, 2, 2), (1, 2, 1)])
+def test_a_batch_needs_one_sampling_params_object_per_prompt(prompts: int, params: int, n: int) -> None:
+    """SGLang repeats a batch's list for `n` unchecked: short, an index failed later (HTTP 500,
+    the first prompts already sent); long, the extra entries (their SLOs) were dropped."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    text = [f"p{i}" for i in range(prompts)] if prompts > 1 else ["p0"]
+    obj = GenerateReqInput(text=text, sampling_params=[{"n": n}] * params)
+    with pytest.raises(ValueError, match=f"sampling_params: a batch of {prompts} prompts"):
+        http_guard.around_normalize(GenerateReqInput.normalize_batch_and_arguments, obj)
+
+
+@pytest.mark.parametrize("params", [[{"n": 2}, {"n": 2}], {"max_new_tokens": 2}, None, [{}, {}]])
+def test_a_batch_with_matching_sampling_params_normalizes(params: object) -> None:
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text=["a", "b"], sampling_params=params)
+    http_guard.around_normalize(GenerateReqInput.normalize_batch_and_arguments, obj)
+    assert not obj.is_single and len(obj.sampling_params) == 2 * obj.parallel_sample_num
 
 
 def test_a_wellformed_generate_input_normalizes() -> None:

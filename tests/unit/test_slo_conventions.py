@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from superinfer_sgl.config import ConfigError, SuperInferConfig, slo_conventions
 from superinfer_sgl.rotasched import DEFAULT_CLASSES, Slo, SloClasses, SloError
-from superinfer_sgl.rotasched.slo import MAX_SLO_MS
+from superinfer_sgl.rotasched.slo import MAX_SLO_MS, MIN_SLO_MS
 from superinfer_sgl.rotasched.slo_conventions import (
     DEFAULT_GATEWAY_CLASSES,
     DEFAULT_SERVICE_TIERS,
@@ -151,6 +151,8 @@ def test_non_object_custom_params_is_left_for_resolve_slo_to_reject() -> None:
     (None, {"headers": {TTFT_HEADER: "soon"}}, TTFT_HEADER),
     (None, {"headers": {TTFT_HEADER: "100ms"}}, TTFT_HEADER),
     (None, {"headers": {TTFT_HEADER: "1_000"}}, TTFT_HEADER),
+    (None, {"headers": {TPOT_HEADER: "1e-322"}}, TPOT_HEADER),  # 0.0 s in the scheduler's views
+    (None, {"headers": {TTFT_HEADER: "\u0661\u0660\u0660"}}, TTFT_HEADER),  # non-ASCII digits
     (None, {"headers": {TTFT_HEADER: "100, 200"}}, TTFT_HEADER),  # the header sent twice
     ({"ttft_slo_ms": 50}, {"headers": {TTFT_HEADER: "-5"}}, TTFT_HEADER),
     (None, {"headers": {TPOT_HEADER: "-0.0"}}, TPOT_HEADER),
@@ -172,8 +174,8 @@ def test_unknown_tier_lists_the_known_ones() -> None:
 # ---- numeric headers --------------------------------------------------------------------------
 
 @settings(max_examples=300, deadline=None)
-@given(st.floats(min_value=0, max_value=MAX_SLO_MS, exclude_min=True))  # above: test_slo_hostile.py
-def test_any_positive_finite_number_is_read_exactly(ms: float) -> None:
+@given(st.floats(min_value=MIN_SLO_MS, max_value=MAX_SLO_MS))  # above: test_slo_hostile.py
+def test_any_number_within_the_bounds_is_read_exactly(ms: float) -> None:
     for text in (repr(ms), f"{ms:.17g}", f" {ms!r}\t"):
         assert header_ms(TTFT_HEADER, text) == ms
     slo, _ = resolve(headers={TTFT_HEADER: repr(ms), TPOT_HEADER: repr(ms)})
@@ -181,8 +183,8 @@ def test_any_positive_finite_number_is_read_exactly(ms: float) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.floats(max_value=0) | st.sampled_from([math.inf, -math.inf, math.nan]))
-def test_zero_negative_and_non_finite_numbers_are_rejected(ms: float) -> None:
+@given(st.floats(max_value=MIN_SLO_MS, exclude_max=True) | st.sampled_from([math.inf, -math.inf, math.nan]))
+def test_under_the_floor_and_non_finite_numbers_are_rejected(ms: float) -> None:
     with pytest.raises(SloConventionError, match=TPOT_HEADER):
         header_ms(TPOT_HEADER, repr(ms))
 
@@ -195,7 +197,7 @@ def test_any_text_is_a_number_or_a_clear_error(text: str) -> None:
     except SloConventionError as exc:
         assert exc.field == TTFT_HEADER and exc.header
     else:
-        assert math.isfinite(ms) and ms > 0 and ms == float(text.strip())
+        assert MIN_SLO_MS <= ms <= MAX_SLO_MS and ms == float(text.strip())
 
 
 # ---- the options ------------------------------------------------------------------------------
@@ -292,7 +294,7 @@ def test_cli_parses_the_convention_flags() -> None:
 
 # ---- the HTTP layer's gathering (integration.http_slo), with a real Starlette request ----------
 
-def _request(body: dict | None, headers: dict[str, str], method: str = "POST") -> Any:
+def _request(body: dict | None, headers: dict[str, str], method: str = "POST", path: str = "/generate") -> Any:
     from starlette.requests import Request
 
     raw = json.dumps(body).encode() if body is not None else b""
@@ -306,7 +308,7 @@ def _request(body: dict | None, headers: dict[str, str], method: str = "POST") -
         return {"type": "http.request", "body": raw, "more_body": False}
 
     hdrs = [(k.lower().encode(), v.encode()) for k, v in {"content-type": "application/json", **headers}.items()]
-    return Request({"type": "http", "method": method, "path": "/generate", "headers": hdrs}, receive)
+    return Request({"type": "http", "method": method, "path": path, "headers": hdrs}, receive)
 
 
 class _Obj:
@@ -346,6 +348,33 @@ def test_http_layer_turns_a_bad_value_into_a_value_error() -> None:
         _fold(_Obj({}), _request({"text": "hi", "service_tier": "ultra"}, {}))
     with pytest.raises(ValueError, match="invalid SLO header 'x-slo-tpot-ms'"):
         _fold(_Obj({}), _request({"text": "hi"}, {TPOT_HEADER: "nan"}))
+
+
+def test_service_tier_is_read_where_it_is_openais() -> None:
+    """Anthropic's Messages API has its own `service_tier` ("auto", "standard_only"), which SGLang
+    ignores: a valid Anthropic request must not get a 400 for it."""
+    params = {"max_new_tokens": 2}
+    for value in ("standard_only", "auto", "flex"):
+        obj = _fold(_Obj(params), _request({"messages": [], "service_tier": value}, {}, path="/v1/messages"))
+        assert obj.sampling_params is params
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"):
+        obj = _fold(_Obj({}), _request({"service_tier": "flex"}, {}, path=path))
+        assert obj.sampling_params == {"custom_params": {"slo_class": "batch"}}
+
+
+def test_the_stamp_keeps_the_servers_preferred_custom_params() -> None:
+    """SGLang merges `--preferred-sampling-params` under a request's own, key by key: a request
+    without `custom_params` gets the preferred ones, which the stamp must not replace."""
+    from superinfer_sgl.integration.http_slo import RECEIVED_KEY, stamp_received
+
+    preferred = {"temperature": 0.5, "custom_params": {"slo_class": "batch", "thinking_budget": 64}}
+    obj = _Obj([{"max_new_tokens": 2}, {"custom_params": {"slo_class": "interactive"}}, {"custom_params": None}])
+    stamp_received(obj, 7.0, preferred=preferred)
+    assert obj.sampling_params == [
+        {"max_new_tokens": 2, "custom_params": {"slo_class": "batch", "thinking_budget": 64, RECEIVED_KEY: 7.0}},
+        {"custom_params": {"slo_class": "interactive", RECEIVED_KEY: 7.0}},  # its own win, as in SGLang
+        {"custom_params": {RECEIVED_KEY: 7.0}}]
+    assert preferred["custom_params"] == {"slo_class": "batch", "thinking_budget": 64}  # not written into
 
 
 def test_http_layer_stamps_when_it_received_the_request() -> None:
