@@ -15,9 +15,7 @@ out (engine.free drops it), each request mirror (eager.py), each prefetch not ye
 copy still in flight (dropped by _reap() once its event has completed, so a block is never handed out
 again while a queued copy still reads or writes it).
 
-On a GPU the streams, events, both directions at once and `in_after_out` ran in the CUDA-marked
-unit tests (docs/status.md); the CPU suite runs the same code synchronously.
-"""
+GPU: streams, events, both directions at once and `in_after_out` ran in CUDA-marked unit tests."""
 
 from __future__ import annotations
 
@@ -229,10 +227,9 @@ class RotationEngine:
         self._reap()
         self.mirror.untrack(rid)
 
-    def untrack_all(self) -> None:
-        """Forget every mirror (the device KV they copied is being recomputed)."""
-        for rid in self.mirror.rids():
-            self.untrack(rid)
+    def untrack_all(self) -> None:  # every mirror: the device KV they copied is being recomputed
+        self._reap()
+        list(map(self.mirror.untrack, self.mirror.rids()))
 
     def sync_full_blocks(
         self,

@@ -143,9 +143,7 @@ def track(engine: Any, req: Any) -> None:
 
 
 def can_rotate(req: Any) -> bool:
-    kv = req.kv
-    n = restorable_tokens(req)
-    # `to_finish`: an abort SGLang ends at the next forward's result; parked, it would wait for a resume
+    kv, n = req.kv, restorable_tokens(req)  # not `to_finish`: an abort ends at the next result, not on host
     return (bool(req.output_ids) and kv.holds_kv and kv.kv_allocated_len >= n > 0 and not req.finished()
             and getattr(req, "to_finish", None) is None)
 
