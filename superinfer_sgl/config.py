@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .rotasched.goodput import DEFAULT_MAX_BEST_EFFORT_WAIT_S
 from .rotasched.planner import MIX_PREFILL
 from .rotasched.planner import POLICIES as _POLICY_REGISTRY
-from .rotasched.slo import DEFAULT_SLO, ROTARY_KV_DTYPES
+from .rotasched.slo import DEFAULT_SLO, MAX_SLO_MS, MIN_SLO_MS, ROTARY_KV_DTYPES
 from .rotasched.vlt import VltParams
 
 if TYPE_CHECKING:
@@ -141,9 +141,11 @@ class SuperInferConfig:
             raise ConfigError(f"--prefix-cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
         if self.decode_shortage not in DECODE_SHORTAGES:
             raise ConfigError(f"--decode-shortage must be one of {DECODE_SHORTAGES}, got {self.decode_shortage!r}")
-        for name in ("ttft_slo_ms", "tbt_slo_ms", "vlt_alpha"):
+        for name in ("ttft_slo_ms", "tbt_slo_ms"):  # the bounds every SLO is held to (rotasched.slo)
             value = getattr(self, name)
-            _require(math.isfinite(value) and value > 0, name, "must be a finite number > 0")
+            _require(math.isfinite(value) and MIN_SLO_MS <= value <= MAX_SLO_MS, name,
+                     f"must be a number of milliseconds in [{MIN_SLO_MS:g}, {MAX_SLO_MS:g}]")
+        _require(math.isfinite(self.vlt_alpha) and self.vlt_alpha > 0, "vlt_alpha", "must be a finite number > 0")
         for name in ("vlt_beta_ttft", "vlt_beta_tbt", "min_stint_ms"):
             value = getattr(self, name)
             if value is None:

@@ -9,10 +9,10 @@ to its engine (the engines see plain HostKVs, so their prefetch tables and mirro
 
 rotate() with work in one format is that engine's rotate(); with several, the outs of each format
 are launched first (one engine call each), then the ins, each in-engine call waiting for `in_after`
-and, with in_after_out, for every out copy of the call. All or nothing as far as the device is
-concerned: if a later format's out fails (HostPoolFull), the HostKVs already saved in this call are
-freed again before the error propagates (their copies ran for nothing; a reused eager mirror of
-theirs is lost, as a mirror is only a cache).
+and, with in_after_out, for every out copy of the call. All or nothing: every format's part is
+checked first (its arguments, its pool's room: `RotationEngine.blocks_short`), so a full pool raises
+HostPoolFull naming its format before any copy, counter or mirror has moved. Only a copy that fails
+once launched frees the HostKVs already saved in this call before the error propagates.
 
 Accounting: the engines' counters summed (counters()), and per (SLO class, format) the host bytes
 that HostKVs hold now (host_bytes_held) and the bytes rotated out (bytes_out_by): the series
@@ -28,12 +28,27 @@ from typing import Any
 
 import torch
 
+from superinfer_sgl.duplexkv.copy_timing import CopyTimer
 from superinfer_sgl.duplexkv.device_pool import DevicePoolView
 from superinfer_sgl.duplexkv.engine import DEFAULT_MAX_PROGRAMS, RotateIn, RotateOut, RotationEngine
-from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
+from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool, HostPoolFull
 from superinfer_sgl.duplexkv.streams import After, RotationHandle, as_events
 
 NO_CLASS = "default"  # the class label of requests without one
+
+
+class TimersSummed:
+    """Every format's CopyTimer read as one (copy_metrics.publish reads `totals`). Each engine times
+    its own copies; two formats' copies of one call running at once are not counted as overlap."""
+
+    def __init__(self, timers: list[CopyTimer]) -> None:
+        self.timers = timers
+
+    def totals(self) -> dict[str, float]:
+        total: Counter[str] = Counter()
+        for timer in self.timers:
+            total.update(timer.totals())
+        return dict(total)
 
 
 class EnginesByFormat:
@@ -70,8 +85,8 @@ class EnginesByFormat:
         return self.primary.transfer
 
     @property
-    def copy_timer(self):  # type: ignore[no-untyped-def]
-        return self.primary.copy_timer
+    def copy_timer(self) -> "TimersSummed":
+        return TimersSummed([e.copy_timer for e in self.engines.values()])
 
     def room_blocks(self, enough: int) -> int:
         """The least room of any format's pool (`RotationEngine.room_blocks`): a request rotates out
@@ -136,9 +151,20 @@ class EnginesByFormat:
         events = []
         fmts = list(dict.fromkeys(out_fmt + in_fmt))
         if len(fmts) == 1:  # one engine: its own rotate, its own ordering
-            h = self.engines[fmts[0]].rotate(out=outs, inn=stripped, after=after, in_after=in_after,
-                                             in_after_out=in_after_out)
+            try:
+                h = self.engines[fmts[0]].rotate(out=outs, inn=stripped, after=after, in_after=in_after,
+                                                 in_after_out=in_after_out)
+            except HostPoolFull as full:
+                full.kv_format = fmts[0]
+                raise
             return RotationHandle(tuple(self._commit(outs, out_fmt, h.saved)), h.events)
+        for fmt in fmts:
+            short = self.engines[fmt].blocks_short([o for o, f in zip(outs, out_fmt) if f == fmt],
+                                                   [s for s, f in zip(stripped, in_fmt) if f == fmt])
+            if short:
+                full = HostPoolFull(f"the {fmt} host pool is {short} blocks short")
+                full.kv_format = fmt
+                raise full
         try:
             for fmt in dict.fromkeys(out_fmt):
                 idx = [i for i, f in enumerate(out_fmt) if f == fmt]
@@ -146,16 +172,16 @@ class EnginesByFormat:
                 for i, hk in zip(idx, h.saved):
                     saved[i] = hk
                 events += h.events
-        except BaseException:
+            waits = [*as_events(in_after), *(events if in_after_out else [])]
+            for fmt in dict.fromkeys(in_fmt):
+                h = self.engines[fmt].rotate(inn=[s for s, f in zip(stripped, in_fmt) if f == fmt], after=after,
+                                             in_after=waits)
+                events += h.events
+        except BaseException:  # a copy failed once launched (the checks above passed)
             for i, hk in enumerate(saved):
                 if hk is not None:
                     self.engines[out_fmt[i]].free(hk)
             raise
-        waits = [*as_events(in_after), *(events if in_after_out else [])]
-        for fmt in dict.fromkeys(in_fmt):
-            h = self.engines[fmt].rotate(inn=[s for s, f in zip(stripped, in_fmt) if f == fmt], after=after,
-                                         in_after=waits)
-            events += h.events
         return RotationHandle(tuple(self._commit(outs, out_fmt, tuple(saved))), tuple(events))
 
     def _commit(self, outs: list[RotateOut], fmts: list[str], saved: tuple) -> list[HostKV]:

@@ -105,3 +105,11 @@ class DevicePoolView:
 
 def _pointer_table(buffers: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64, device=device)
+
+
+def check_compatible(dev: DevicePoolView, host: Any) -> None:
+    """A host pool (`HostKVPool`) holds blocks of this device pool's shape and dtype."""
+    ours = (dev.layers, dev.kv_heads, dev.head_dim, dev.dtype)
+    theirs = (host.layers, host.kv_heads, host.head_dim, host.dtype)
+    if ours != theirs:
+        raise ValueError(f"device pool (layers, kv_heads, head_dim, dtype) {ours} != host pool {theirs}")

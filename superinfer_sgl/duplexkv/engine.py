@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from superinfer_sgl.duplexkv.copy_timing import CopyTimer, TimedCall
-from superinfer_sgl.duplexkv.device_pool import DevicePoolView
+from superinfer_sgl.duplexkv.device_pool import DevicePoolView, check_compatible
 from superinfer_sgl.duplexkv.eager import EagerMirror
 from superinfer_sgl.duplexkv.host_pool import HostKV, HostKVPool
 from superinfer_sgl.duplexkv.link_probe import pick_by_probe
@@ -74,7 +74,7 @@ class RotationEngine:
     def __init__(self, device_pool: DevicePoolView, host_pool: HostKVPool, transfer: str = "auto",
                  max_programs: int | None = DEFAULT_MAX_PROGRAMS, ring: dict[str, int] | None = None) -> None:
         """ring: staging ring options of the ring paths (transfer.make_path); `auto` on CUDA: see below."""
-        _check_compatible(device_pool, host_pool)
+        check_compatible(device_pool, host_pool)
         if transfer not in TRANSFERS:
             raise ValueError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
         self.device_pool, self.host_pool = device_pool, host_pool
@@ -135,14 +135,8 @@ class RotationEngine:
         self.host_pool.allocator.decref(host_kv.block_ids)
 
     # ---- full duplex and prefetch
-    def rotate(
-        self,
-        out: Iterable[RotateOut | tuple] = (),
-        inn: Iterable[RotateIn | tuple] = (),
-        after: After = None,
-        in_after: After = None,
-        in_after_out: bool = False,
-    ) -> RotationHandle:
+    def rotate(self, out: Iterable[RotateOut | tuple] = (), inn: Iterable[RotateIn | tuple] = (),
+               after: After = None, in_after: After = None, in_after_out: bool = False) -> RotationHandle:
         """Start one iteration's copies: every `out` device -> host on the out lane (one launch) and
         every `inn` host -> device on the in lane, concurrently. All or nothing: HostPoolFull or a bad
         argument leaves everything as it was. The saved HostKVs are in handle.saved, in order.
@@ -231,14 +225,8 @@ class RotationEngine:
         self._reap()
         list(map(self.mirror.untrack, self.mirror.rids()))
 
-    def sync_full_blocks(
-        self,
-        rid: str,
-        slots: torch.Tensor,
-        num_tokens: int,
-        after: After = None,
-        max_blocks: int | None = None,
-    ) -> int:
+    def sync_full_blocks(self, rid: str, slots: torch.Tensor, num_tokens: int, after: After = None,
+                         max_blocks: int | None = None) -> int:
         """Copy, in the background, every full block among the first num_tokens tokens (whose KV is
         final) that `rid`'s mirror lacks; never a partial block. Uses only free host blocks (at most
         max_blocks): when the pool is short it syncs fewer or none, as the mirror is only a cache.
@@ -338,11 +326,27 @@ class RotationEngine:
             raise ValueError(f"HostKV blocks {dead} are not allocated (freed already?)")
         return inn
 
-    def _plan_out(self, outs: list[RotateOut]) -> list[_OutPlan]:
+    def blocks_short(self, out: Iterable[RotateOut | tuple] = (), inn: Iterable[RotateIn | tuple] = ()) -> int:
+        """Host blocks rotate(out, inn) would lack (0: it fits), changing nothing (waits for copies in
+        flight only if short); a bad argument raises as rotate() would. EnginesByFormat checks every
+        format's part of a call before launching any."""
+        self._reap()
+        for i in inn:
+            self._check_in(RotateIn(*i))
+        plans, rids = self._plans([self._check_out(RotateOut(*o)) for o in out])
+        need = sum(p.need for p in plans)
+        if need > self.host_pool.allocator.num_free + self.mirror.reclaimable(rids):
+            self.quiesce()  # copies in flight hold blocks too
+        return max(0, need - self.host_pool.allocator.num_free - self.mirror.reclaimable(rids))
+
+    def _plans(self, outs: list[RotateOut]) -> tuple[list[_OutPlan], list[str]]:
         rids = [o.rid for o in outs if o.rid is not None]
         if len(set(rids)) != len(rids):
             raise ValueError(f"a request appears twice in one rotation: {rids}")
-        plans = [self._plan_one(o) for o in outs]
+        return [self._plan_one(o) for o in outs], rids
+
+    def _plan_out(self, outs: list[RotateOut]) -> list[_OutPlan]:
+        plans, rids = self._plans(outs)
         new = self._alloc(sum(p.need for p in plans), exclude=rids)
         for p in plans:
             p.new, new = new[: p.need], new[p.need :]
@@ -441,10 +445,3 @@ def _check_slots(slots: torch.Tensor) -> torch.Tensor:
     if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slots must be a 1-D int32/int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
     return slots
-
-
-def _check_compatible(dev: DevicePoolView, host: HostKVPool) -> None:
-    ours = (dev.layers, dev.kv_heads, dev.head_dim, dev.dtype)
-    theirs = (host.layers, host.kv_heads, host.head_dim, host.dtype)
-    if ours != theirs:
-        raise ValueError(f"device pool (layers, kv_heads, head_dim, dtype) {ours} != host pool {theirs}")

@@ -45,7 +45,10 @@ class HostKV:
 
 
 class HostPoolFull(RuntimeError):
-    """Not enough free host blocks; nothing was allocated."""
+    """Not enough free host blocks; nothing was allocated. `kv_format`: which format's pool, where
+    one call spans several (EnginesByFormat)."""
+
+    kv_format: str | None = None
 
 
 class HostPinError(RuntimeError):

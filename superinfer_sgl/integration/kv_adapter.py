@@ -5,6 +5,7 @@ radix tree's window boundary)."""
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
@@ -235,3 +236,25 @@ class SWAWindowRotation:
         params = InsertParams(key=key, value=slots.to(torch.int64), prev_prefix_len=0)
         params.set_evicted_seqlen(ComponentType.SWA, start)
         return params
+
+
+def device_kv_digest(sched: Any, req: Any, n: int) -> str:
+    """SHA-256 of the raw bytes of a request's first n KV tokens on the device (debug check)."""
+    return hashlib.sha256(device_kv_bytes(sched, req, n)).hexdigest()
+
+
+def device_kv_bytes(sched: Any, req: Any, n: int) -> bytes:
+    """Raw bytes of a request's first n KV tokens on the device, all layers, K then V. Sliding-window
+    pools: the full-attention layers of every token, then the window layers through the map for the
+    tokens from its window start on (what attention reads; tokens before it have no window row)."""
+    kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
+    slots = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+    rot = window_rotation(sched)
+    if rot is not None:
+        parts = rot.kv_planes(slots, rot.window_start(slots, n))
+        return b"".join(p.cpu().numpy().tobytes() for p in parts)
+    parts = []
+    for layer in range(kvcache.layer_num):
+        k, v = kvcache.get_kv_buffer(layer + kvcache.start_layer)
+        parts += [k[slots].contiguous().view(torch.uint8), v[slots].contiguous().view(torch.uint8)]
+    return b"".join(p.cpu().numpy().tobytes() for p in parts)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..duplexkv.engine import RotationEngine
-from . import rotation
+from . import kv_adapter, rotation
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class RotaryStore:
         self.prefetched: dict[str, rotation.Prefetched] = {}
         self.resume_locks: dict[str, Any] = {}
         self.digests: dict[str, tuple[int, str]] = {}
+        self.host_blocks = 0  # host blocks the entries' HostKVs hold (the host-bytes gauge)
 
     def has_work(self) -> bool:
         # (A prefetched request is still rotary, so its slots are covered too.)
@@ -54,12 +55,13 @@ class RotaryStore:
         if self.verify:
             for req in outs:
                 n = rotation.adoptable_tokens(req, rotation.restorable_tokens(req))
-                self.digests[req.rid] = (n, rotation.device_kv_digest(self.sched, req, n))
+                self.digests[req.rid] = (n, kv_adapter.device_kv_digest(self.sched, req, n))
 
     def park(self, entry: rotation.RotaryEntry, iteration: int) -> None:
         """A request rotated out this iteration."""
         entry.paused_iter = iteration
         self.entries[entry.req.rid] = entry
+        self.host_blocks += len(entry.host_kv.block_ids)
         self.stats.rotations_out += 1
 
     def recomputed(self, rid: str) -> None:
@@ -71,6 +73,7 @@ class RotaryStore:
         """A request whose KV is back in the radix tree, under our `lock`: it waits for admission."""
         rid = entry.req.rid
         del self.entries[rid]
+        self.host_blocks -= len(entry.host_kv.block_ids)
         assert self.engine is not None
         self.engine.free(entry.host_kv)  # the mirror kept its own references to what it reuses
         entry.window = None  # a sliding window's rows are back on the device
@@ -117,7 +120,7 @@ class RotaryStore:
             logger.warning("superinfer: KV of %s not verified: admission matched %d of the %d restored tokens "
                            "(the rest is recomputed)", req.rid, matched, n)
             return
-        if rotation.device_kv_digest(self.sched, req, n) == digest:
+        if kv_adapter.device_kv_digest(self.sched, req, n) == digest:
             self.stats.kv_verified += 1
         else:
             self.stats.kv_mismatches += 1
@@ -165,6 +168,7 @@ class RotaryStore:
     def _release(self, rid: str) -> Any:
         """Take `rid`'s entry out, its host KV freed; returns its request."""
         entry = self.entries.pop(rid)
+        self.host_blocks -= len(entry.host_kv.block_ids)
         if self.engine is not None:
             self.engine.free(entry.host_kv)
         entry.window = None  # its host window rows go with it

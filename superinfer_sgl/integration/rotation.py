@@ -122,13 +122,15 @@ def adoptable_tokens(req: Any, n: int) -> int:
     return n
 
 
-def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_blocks: int | None) -> None:
-    """Copy the request's newly filled blocks to host in the background (CPU: now). Safe to call
-    before the next batch is built: every token before the last output token was written by a
-    forward pass whose results SGLang has already processed."""
+def eager_sync(sched: Any, req: Any, engine: RotationEngine, max_bytes: int | None) -> None:
+    """Copy the request's newly filled blocks to host in the background (CPU: now), at most
+    `max_bytes` of its format's blocks. Safe to call before the next batch is built: every token
+    before the last output token was written by a forward pass whose results SGLang has processed."""
     track(engine, req)
     row = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-    engine.sync_full_blocks(req.rid, row, restorable_tokens(req), max_blocks=max_blocks)
+    own = engine.engines[engine.format_of(req.rid)] if isinstance(engine, EnginesByFormat) else engine
+    limit = None if max_bytes is None else max_bytes // own.host_pool.bytes_per_block
+    engine.sync_full_blocks(req.rid, row, restorable_tokens(req), max_blocks=limit)
     copy_metrics.publish(engine.copy_timer)  # rotation copies of earlier steps, read as they finished
 
 
@@ -158,7 +160,7 @@ def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[I
     items = [out_item(sched, req, engine) for req in movable]
     released = _give_slots(sched, outs, ins)
     ready = [inc for inc in ins if inc.ready]
-    handle = _rotate(engine, items, ready, forward_fence(sched) if ready else [], in_after_out=released)
+    handle, went = _rotate(engine, items, ready, forward_fence(sched) if ready else [], in_after_out=released)
     # The next forward (launched after the scheduling stream's work) must not read a slot still being
     # written nor overwrite one still being read; neither may anything else queued on this stream.
     handle.wait()
@@ -167,9 +169,10 @@ def rotate_step(sched: Any, engine: RotationEngine, outs: list[Any], ins: list[I
             release(sched, req)
     kv_adapter.load_windows(sched, [(inc.window, inc.slots) for inc in ready])  # after the engine's copies
     result = StepResult(deferred=[inc for inc in ins if not inc.ready])
-    for i, req in enumerate(movable):
-        if i < len(handle.saved):
-            result.rotated.append(RotaryEntry(req=req, host_kv=handle.saved[i], paused_at=now, window=windows[i]))
+    saved = {o.rid: hk for o, hk in zip(went, handle.saved)}
+    for req, window in zip(movable, windows):
+        if req.rid in saved:
+            result.rotated.append(RotaryEntry(req=req, host_kv=saved[req.rid], paused_at=now, window=window))
         else:  # the host pool could not take it
             _recompute(sched, engine, req, result)
     for req in outs:
@@ -209,20 +212,23 @@ def _give_slots(sched: Any, outs: list[Any], ins: list[Incoming]) -> bool:
     return True
 
 
-def _rotate(
-    engine: RotationEngine, outs: list[RotateOut], ins: list[Incoming], fence: list[CopyEvent], in_after_out: bool
-) -> RotationHandle:
+def _rotate(engine: RotationEngine, outs: list[RotateOut], ins: list[Incoming], fence: list[CopyEvent],
+            in_after_out: bool) -> tuple[RotationHandle, list[RotateOut]]:
     """engine.rotate, dropping outs from the end while the host pool cannot take them (a failed
-    attempt changes nothing). Ins allocate no host blocks, so they always go. handle.saved holds the
-    HostKVs of the outs that went, a prefix of `outs`."""
+    attempt changes nothing; with a pool per format, the last out of the full one's format). Ins
+    allocate no host blocks, so they always go. Returns the handle and the outs that went, in
+    handle.saved's order."""
     inn = [RotateIn(inc.host_kv, inc.slots) for inc in ins if inc.slots is not None]
     while True:
         try:
-            return engine.rotate(out=outs, inn=inn, in_after=fence, in_after_out=in_after_out)
-        except HostPoolFull:
+            return engine.rotate(out=outs, inn=inn, in_after=fence, in_after_out=in_after_out), outs
+        except HostPoolFull as full:
             if not outs:
                 raise
-            outs = outs[:-1]
+            fmt = full.kv_format
+            i = max((i for i, o in enumerate(outs) if fmt is None or engine.format_of(o.rid) == fmt),
+                    default=len(outs) - 1)
+            outs = outs[:i] + outs[i + 1:]
 
 
 def out_item(sched: Any, req: Any, engine: RotationEngine) -> RotateOut:
@@ -425,26 +431,3 @@ def release(sched: Any, req: Any) -> None:
 def _prefix(host_kv: HostKV, n: int) -> HostKV:
     return host_kv.prefix(n)  # same blocks' pool (kv_format)
 
-
-def device_kv_digest(sched: Any, req: Any, n: int) -> str:
-    """SHA-256 of the raw bytes of a request's first n KV tokens on the device (debug check)."""
-    import hashlib
-
-    return hashlib.sha256(device_kv_bytes(sched, req, n)).hexdigest()
-
-
-def device_kv_bytes(sched: Any, req: Any, n: int) -> bytes:
-    """Raw bytes of a request's first n KV tokens on the device, all layers, K then V. Sliding-window
-    pools: the full-attention layers of every token, then the window layers through the map for the
-    tokens from its window start on (what attention reads; tokens before it have no window row)."""
-    kvcache = sched.token_to_kv_pool_allocator.get_kvcache()
-    slots = sched.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
-    rot = window_rotation(sched)
-    if rot is not None:
-        parts = rot.kv_planes(slots, rot.window_start(slots, n))
-        return b"".join(p.cpu().numpy().tobytes() for p in parts)
-    parts = []
-    for layer in range(kvcache.layer_num):
-        k, v = kvcache.get_kv_buffer(layer + kvcache.start_layer)
-        parts += [k[slots].contiguous().view(torch.uint8), v[slots].contiguous().view(torch.uint8)]
-    return b"".join(p.cpu().numpy().tobytes() for p in parts)

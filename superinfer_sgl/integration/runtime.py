@@ -147,15 +147,18 @@ class RotaSchedRuntime:
         return order
 
     def _eager_sync(self, live: list[Any]) -> None:
-        budget = self.budget  # eager copies share the outbound budget
+        engine = self.engine
+        assert engine is not None
+        # eager copies share the outbound budget, counted in link bytes: its blocks are the default
+        # format's, and a pool per format (EnginesByFormat) has blocks of other sizes too
+        budget = self.budget * engine.host_pool.bytes_per_block
         for req in live:
             if budget <= 0:
                 return
             if req_views.rotatable(self.sched, req):
-                assert self.engine is not None
-                before = self.engine.bytes_eager_out
-                rotation.eager_sync(self.sched, req, self.engine, max_blocks=budget)
-                budget -= (self.engine.bytes_eager_out - before) // self.engine.host_pool.bytes_per_block
+                before = engine.bytes_eager_out
+                rotation.eager_sync(self.sched, req, engine, max_bytes=budget)
+                budget -= engine.bytes_eager_out - before
 
     def _views(self, live: list[Any], now: float) -> StepQueue:
         """Every running, waiting and rotary request's view (`req_views.StepViews`); the running

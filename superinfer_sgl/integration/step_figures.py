@@ -61,20 +61,22 @@ def step_figures(sched: Any, engine: RotationEngine | None, clocks: Clocks, stor
     queued = len(sched.waiting_queue) + len(store.entries)
     running = getattr(getattr(sched, "running_batch", None), "reqs", None) or ()
     return StepFigures(stats, budget, clocks.link_bytes_per_s, len(store.entries), used, total, kv,
-                       host_bytes(engine, used), queued, len(running),
+                       host_bytes(engine, store), queued, len(running),
                        lambda: queue_views(sched, clocks, store, clip), vlt,
                        GoodputParams(clocks.meter.costs, best_effort_wait_s, eos_output_share=clocks.outputs.share))
 
 
-def host_bytes(engine: Any, used_blocks: int) -> tuple[tuple[str, str, int], ...]:
-    """(SLO class, host format, bytes held) rows for the host-bytes gauge."""
+def host_bytes(engine: Any, store: RotaryStore) -> tuple[tuple[str, str, int], ...]:
+    """(SLO class, host format, bytes held) rows for the host-bytes gauge: what paused requests'
+    KV holds (not eager mirrors nor copies in flight: the pool's used blocks count those), with one
+    format or a pool per format alike."""
     if engine is None:
         return ()
     by_class = getattr(engine, "host_bytes_held", None)  # EnginesByFormat: a pool per format
     if by_class is not None:
         return tuple((cls, fmt, int(n)) for (cls, fmt), n in sorted(by_class.items()))
     pool = engine.host_pool
-    return (("all", pool.kv_format, used_blocks * pool.bytes_per_block),)
+    return (("all", pool.kv_format, store.host_blocks * pool.bytes_per_block),)
 
 
 def queue_views(sched: Any, clocks: Clocks, store: RotaryStore, clip: int) -> list[ReqView]:

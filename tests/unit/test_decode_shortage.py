@@ -348,7 +348,7 @@ def test_a_request_sglang_aborts_in_its_retraction_leaves_no_mirror_or_clock(
     rig = Rig(monkeypatch, host_blocks=16)
     a, b = rig.req("a"), rig.req("b")
     for req in (a, b):
-        rotation.eager_sync(rig.sched, req, rig.engine, max_blocks=None)
+        rotation.eager_sync(rig.sched, req, rig.engine, max_bytes=None)
     assert rig.engine.synced_tokens("a") > 0 and _host_used(rig) > 0
     decode_shortage.sglang_retraction(rig.rt, ([b], 0.5, [a]))
     assert "a" not in rig.engine.mirror and "b" not in rig.engine.mirror and _host_used(rig) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -95,19 +96,19 @@ def test_mixed_formats_route_by_class_and_exact_classes_stay_bit_exact():
 def test_host_bytes_rows_by_class_and_format():
     dev = device(torch.float32)
     one = RotationEngine(dev, HostKVPool(8, 2, 3, 40, 4, torch.float32, pin=False, kv_format="int4"), "torch")
-    assert host_bytes(one, 3) == (("all", "int4", 3 * one.host_pool.bytes_per_block),)
-    assert host_bytes(None, 0) == ()
+    assert host_bytes(one, SimpleNamespace(host_blocks=3)) == (("all", "int4", 3 * one.host_pool.bytes_per_block),)
+    assert host_bytes(None, SimpleNamespace(host_blocks=0)) == ()
     pools = HostKVPool.for_formats(dev, 4, ["auto", "int4"], gb=0.001)
     eng = EnginesByFormat(dev, pools, "auto", "torch", class_formats={"batch": "int4"})
     eng.track_class("b", "batch")
     eng.track_class("x", None)
     h = eng.rotate(out=[RotateOut("b", torch.arange(0, 9), 9), RotateOut("x", torch.arange(9, 14), 5)])
-    rows = dict(((cls, fmt), n) for cls, fmt, n in host_bytes(eng, 0))
+    rows = dict(((cls, fmt), n) for cls, fmt, n in host_bytes(eng, SimpleNamespace(host_blocks=0)))
     assert rows == {("batch", "int4"): 3 * pools["int4"].bytes_per_block,
                     ("default", "auto"): 2 * pools["auto"].bytes_per_block}
     for hk in h.saved:
         eng.free(hk)
-    assert all(n == 0 for _, _, n in host_bytes(eng, 0))
+    assert all(n == 0 for _, _, n in host_bytes(eng, SimpleNamespace(host_blocks=0)))
 
 
 def test_pool_usage_counts_every_formats_pool():

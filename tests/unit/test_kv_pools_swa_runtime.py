@@ -23,7 +23,7 @@ import torch
 
 from superinfer_sgl.config import SuperInferConfig
 from superinfer_sgl.duplexkv.host_pool import HostKVPool
-from superinfer_sgl.integration import rotation
+from superinfer_sgl.integration import kv_adapter, rotation
 from superinfer_sgl.integration.kv_adapter import SWAWindowRotation, window_rotation
 from superinfer_sgl.integration.startup import open_engine
 
@@ -198,7 +198,7 @@ def test_swa_rotation_and_resume_through_the_runtime(monkeypatch: pytest.MonkeyP
         # the check reads the window layers: one changed in-window row would be reported
         row = mapping[new[n - 1]]
         s.pool.swa_kv_pool.k_buffer[0][row] += 1.0
-        assert rotation.device_kv_digest(h.sched, b, n) != digest[1]
+        assert kv_adapter.device_kv_digest(h.sched, b, n) != digest[1]
     else:
         assert (stats.kv_verified, stats.kv_mismatches, stats.kv_unverified) == (0, 0, 1)
     assert rotation.same_kv(h.sched, new, new.clone(), kept)

@@ -61,7 +61,7 @@ def test_eager_synced_request_moves_only_its_tail(setup: tuple) -> None:
     sched, engine, _ = setup
     req = Req("r", list(range(20)), list(range(11)))
     req.kv.kv_allocated_len = 31
-    rotation.eager_sync(sched, req, engine, max_blocks=None)  # 30 final tokens: 7 full blocks
+    rotation.eager_sync(sched, req, engine, max_bytes=None)  # 30 final tokens: 7 full blocks
     assert engine.bytes_eager_out == 7 * BT * engine.host_pool.bytes_per_token
     before = engine.bytes_out
     entry = rotation.rotate_out(sched, req, engine, now=1.0)

@@ -308,7 +308,7 @@ def test_a_retract_pause_sends_every_rotary_request_back_to_recompute(monkeypatc
     assert h.rt.store.prefetched.keys() == {"b"}
     h.step(resume=("b",))  # b's KV is back under our lock, waiting for admission; c stays rotary
     assert h.rt.store.resume_locks.keys() == {"b"} and h.rt.store.entries.keys() == {"c"}
-    rotation.eager_sync(h.sched, a, h.engine, max_blocks=None)  # a running request's mirror
+    rotation.eager_sync(h.sched, a, h.engine, max_bytes=None)  # a running request's mirror
     assert "a" in h.engine.mirror
     h.rt.after_retract_pause()
     assert not h.rt.has_work() and not h.rt.store.prefetched
@@ -328,7 +328,7 @@ def test_priority_preemption_drops_the_preempted_requests_mirrors(monkeypatch: p
     h = Harness(monkeypatch)
     a, b = h.run("a", 12, 8, pool_idx=1), h.run("b", 13, 7, pool_idx=2)
     for req in (a, b):
-        rotation.eager_sync(h.sched, req, h.engine, max_blocks=None)
+        rotation.eager_sync(h.sched, req, h.engine, max_bytes=None)
     monkeypatch.setattr(hooks_mod, "_RUNTIME", h.rt)
     hook = next(fn for target, fn, _ in hooks_mod.hooks(h.rt.cfg) if target.endswith("preempt_to_schedule"))
     assert hook(False, SimpleNamespace(preempt_list=[a])) is False and "a" in h.engine.mirror  # none preempted
