@@ -335,7 +335,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    help="with --prefix-cache predictive: host memory, in tokens, for prefixes predicted to "
                         "come back, which eviction then copies to host (DuplexKV) instead of dropping and a "
                         "later match copies back, bytes identical (0: off; auto, the default: as many tokens "
-                        "as the device KV pool, within 1/8 of the free RAM; one rank and an MHA pool only, "
+                        "as the device KV pool, within 1/8 of the free RAM split among the node's scheduler "
+                        "processes; one rank and an MHA pool only, "
                         "docs/prefix_cache.md)")
     g.add_argument("--decode-shortage", choices=DECODE_SHORTAGES, default=d.decode_shortage,
                    help="when the running batch is short of KV memory for its next decode step: rotate "

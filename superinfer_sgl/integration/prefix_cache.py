@@ -234,6 +234,7 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         st.ranker.reset()
         if st.host is not None:
             st.host.store.clear()
+        st.publish()  # the host tier's gauge and counters moved: an idle server would not update them
 
     def on_evict_start(core: Any, component_type: Any, request_cnt: int, *args: Any, **kwargs: Any) -> None:
         st = _state(core)

@@ -49,15 +49,18 @@ BLOCK_TOKENS = 16  # host block size (a multiple of SGLang's page size is used w
 AUTO_RAM_FRACTION = 1 / 8  # --prefix-host-tokens auto: at most this share of the RAM available at startup
 
 
-def auto_host_tokens(pool_tokens: int, bytes_per_token: int, available_ram: int | None = None) -> int:
+def auto_host_tokens(pool_tokens: int, bytes_per_token: int, available_ram: int | None = None,
+                     processes: int = 1) -> int:
     """--prefix-host-tokens auto: as many tokens as the device KV pool (the replay's gain grew with
     the budget through 2x; 1x keeps host RAM modest beside the rotation pool's quarter of the free
-    RAM), within AUTO_RAM_FRACTION of the available RAM."""
+    RAM), within AUTO_RAM_FRACTION of the available RAM split among the node's `processes`
+    (scheduler processes, e.g. --dp-size: each pins a tier of its own)."""
     if available_ram is None:
         from ..duplexkv.host_pool import available_ram_bytes
 
         available_ram = available_ram_bytes()
-    return max(0, min(int(pool_tokens), int(AUTO_RAM_FRACTION * available_ram) // max(1, bytes_per_token)))
+    share = int(AUTO_RAM_FRACTION * available_ram / max(1, processes))
+    return max(0, min(int(pool_tokens), share // max(1, bytes_per_token)))
 
 
 def refusal(core: Any, params: Any) -> str | None:
@@ -122,7 +125,10 @@ class PrefixHost:
 
         dev = device_pool_view(params.token_to_kv_pool_allocator.get_kvcache())
         if host_tokens < 0:
-            host_tokens = auto_host_tokens(params.token_to_kv_pool_allocator.size, dev.bytes_per_token)
+            from .startup import local_schedulers
+
+            host_tokens = auto_host_tokens(params.token_to_kv_pool_allocator.size, dev.bytes_per_token,
+                                           processes=local_schedulers(None)[0])
             if host_tokens == 0:
                 return None, "auto: no RAM to spare"
         page = int(params.page_size)
@@ -197,7 +203,9 @@ class PrefixHost:
                 if entry is None:
                     break
                 k = min(_common_prefix(entry.payload, key, m, page), entry.tokens)
-                if k <= 0:
+                if k <= 0 or k < entry.tokens - k:
+                    # Less than half of it continues this prompt: a partial restore would drop the
+                    # rest and every entry chained under it for a few tokens of this request's.
                     break
                 if lock is None:
                     lock = (node_id, cache.inc_lock_ref(node_id))  # the path survives our eviction
@@ -219,6 +227,7 @@ class PrefixHost:
                 except BaseException:  # nothing inserted: the slots and the host blocks go back
                     cache.token_to_kv_pool_allocator.free(slots)
                     self.engine.free(entry.handle)
+                    self.store.handed_back(entry)
                     self.store.drop_under(entry.node)
                     raise
                 try:
@@ -229,6 +238,7 @@ class PrefixHost:
                     raise
                 finally:
                     self.engine.free(entry.handle)
+                    self.store.handed_back(entry)
                 new_id = ins.last_device_node
                 if k == entry.tokens:
                     self.store.rekey(entry.node, new_id)
@@ -250,10 +260,14 @@ class PrefixHost:
 
     def _alloc(self, cache: Any, n: int) -> torch.Tensor | None:
         """n device slots, evicting unlocked leaves when free memory is short (SGLang's helper,
-        which the rotation resume uses too); None when even that does not make room."""
+        which the rotation resume uses too); None, with nothing evicted, when free and evictable
+        memory together are short (an eviction then would empty the cache for a restore that fails,
+        again at every step the request waits)."""
         from sglang.srt.mem_cache.common import evict_from_tree_cache
 
         alloc = cache.token_to_kv_pool_allocator
+        if alloc.available_size() + cache.evictable_size() < n:
+            return None
         if alloc.available_size() < n:
             evict_from_tree_cache(cache, n)
             if alloc.available_size() < n:

@@ -76,6 +76,9 @@ class HostPrefixStore:
         self.under: dict[Hashable, set[Hashable]] = {}  # parent node id -> keys of entries under it
         self.by_node: dict[Hashable, Hashable] = {}  # demoted node id -> its entry's key
         self.used = 0
+        # entries taken for a restore whose handles the caller still holds: their host memory is
+        # not free until it hands them back (`handed_back`), so admissions leave it alone
+        self.taken = 0
         # counters
         self.demoted = self.demoted_tokens = 0
         self.rejected_score = self.rejected_room = 0
@@ -130,7 +133,7 @@ class HostPrefixStore:
         if old is not None:  # the same place again (the prefix was recomputed and evicted anew)
             self._collect(old, doomed)
         freed = sum(e.cost for e in doomed.values())
-        need = self.used + cost - self.budget
+        need = self.used + self.taken + cost - self.budget
         if freed < need:
             for _, _, _, victim in self._ranked(now):
                 if freed >= need:
@@ -162,7 +165,9 @@ class HostPrefixStore:
         if self.entries.get(entry.key) is entry:
             self.demoted -= 1
             self.demoted_tokens -= entry.tokens
-            self._remove(self._collect(entry, {}))
+            doomed = self._collect(entry, {})
+            self.dropped += len(doomed) - 1  # its demoted descendants go with it
+            self._remove(doomed)
 
     # ---- restore -----------------------------------------------------------------------------
     def lookup(self, key: Hashable) -> HostEntry | None:
@@ -170,15 +175,22 @@ class HostPrefixStore:
         return entry if entry is not None and entry.handle is not None else None
 
     def take(self, key: Hashable) -> HostEntry | None:
-        """Remove an entry for restoring; its handle is the caller's from now on (not released).
-        Its demoted children stay, keyed under its old node id: `rekey` them to the restored node,
-        or `drop_under` the old id when they cannot follow (a partial restore)."""
+        """Remove an entry for restoring; its handle is the caller's from now on (not released),
+        and its cost stays charged (`taken`) until the caller frees the handle and calls
+        `handed_back`, or `reinsert`s it. Its demoted children stay, keyed under its old node id:
+        `rekey` them to the restored node, or `drop_under` the old id when they cannot follow (a
+        partial restore)."""
         entry = self.entries.pop(key, None)
         if entry is None:
             return None
         self._unindex(entry)
         self.used -= entry.cost
+        self.taken += entry.cost
         return entry
+
+    def handed_back(self, entry: HostEntry) -> None:
+        """A taken entry's handle was freed: its host memory is free for admissions again."""
+        self.taken -= entry.cost
 
     def restored_entry(self, entry: HostEntry, tokens: int) -> None:
         self.restored += 1
@@ -187,6 +199,7 @@ class HostPrefixStore:
     def reinsert(self, entry: HostEntry, now: float) -> bool:
         """Put a taken entry back (its restore did not happen), evicting lower-scored entries if the
         budget is now short; when it does not fit, its handle is released and its children dropped."""
+        self.handed_back(entry)  # the same handle is placed again, or released below
         score = self.score_of(entry, now) if entry.stats is not None else self.min_score
         placed = self.admit(entry.key, entry.node, entry.tokens, max(score, self.min_score), now, entry.stats)
         if placed is None:
@@ -205,6 +218,7 @@ class HostPrefixStore:
             entry = self.entries.pop(key)
             self.by_node.pop(entry.node, None)
             entry.key = (new_node, key[1])
+            self.predictor.move_ghost(key, entry.key)  # its evicted node's history waits there too
             self.entries[entry.key] = entry
             self.under.setdefault(new_node, set()).add(entry.key)
             self.by_node[entry.node] = entry.key
@@ -274,7 +288,8 @@ class HostPrefixStore:
                 self.release(entry.handle)
 
     def check(self) -> None:
-        assert self.used == sum(e.cost for e in self.entries.values()) <= self.budget, (self.used, self.budget)
+        assert self.used == sum(e.cost for e in self.entries.values()), self.used
+        assert 0 <= self.taken and self.used + self.taken <= self.budget, (self.used, self.taken, self.budget)
         indexed = {k for keys in self.under.values() for k in keys}
         assert indexed == set(self.entries), "the parent index differs from the entries"
         for key, entry in self.entries.items():

@@ -348,7 +348,7 @@ def test_main_argparse_error_is_one_line(argv: list[str], capsys: pytest.Capture
 
 def test_main_config_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert launch_server.main(["--ttft-slo-ms", "-5"]) == 2
-    assert "--ttft-slo-ms must be a finite number > 0" in _one_error_line(capsys.readouterr().err)
+    assert "--ttft-slo-ms must be a number of milliseconds in [0.001, 1e+09]" in _one_error_line(capsys.readouterr().err)
 
 
 def test_main_launch_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

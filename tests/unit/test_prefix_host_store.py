@@ -120,17 +120,44 @@ def test_evicting_a_parent_entry_takes_its_demoted_descendants() -> None:
     s.check()
 
 
-def test_a_failed_restore_puts_the_entry_back_or_releases_it() -> None:
+def test_a_failed_restore_puts_the_entry_back_and_its_room_stays_charged_meanwhile() -> None:
+    """A taken entry's host blocks stay allocated until the caller frees them: a demotion during
+    the restore (the restore's own eviction) must not be admitted into that room, or its copy
+    finds the pool full and the leaf is lost (review of 2026-12-03)."""
     s, h = _store(budget=20)
     now = 1.0
     a = _demote(s, h, (1, "a"), 10, 20, 0.9, now, _hot(10, now))
     entry = s.take((1, "a"))
-    assert s.used == 0
-    assert s.reinsert(entry, now) and s.lookup((1, "a")).handle == a and h.released[a] == 0
-    entry = s.take((1, "a"))
-    assert _demote(s, h, (1, "b"), 11, 20, 0.95, now, _hot(50, now)) is not None  # the room went meanwhile
-    assert not s.reinsert(entry, now) and h.released[a] == 1
+    assert s.used == 0 and s.taken == 20
+    assert _demote(s, h, (1, "b"), 11, 20, 0.95, now, _hot(50, now)) is None and s.rejected_room == 1
+    assert s.reinsert(entry, now) and s.lookup((1, "a")).handle == a and h.released[a] == 0 and s.taken == 0
     s.check()
+    entry = s.take((1, "a"))
+    h.release(entry.handle)  # restored: the caller frees the handle and hands the entry back
+    s.handed_back(entry)
+    s.restored_entry(entry, 20)
+    assert s.taken == 0 and _demote(s, h, (1, "b"), 11, 20, 0.95, now, _hot(50, now)) is not None
+    s.check()
+
+
+def test_discarding_an_entry_counts_its_chained_descendants_as_dropped() -> None:
+    s, h = _store(budget=100)
+    parent_entry = s.admit((1, "p"), 7, 10, 0.9, 1.0, _hot(5, 1.0))
+    _demote(s, h, (7, "c"), 8, 10, 0.9, 1.0, _hot(5, 1.0))  # a child demoted before its parent, keyed under it
+    assert parent_entry is not None
+    s.discard(parent_entry)  # the parent's copy failed
+    assert len(s) == 0 and s.dropped == 1 and s.demoted == 1
+    s.check()
+
+
+def test_restoring_a_parent_moves_its_childs_ghost_with_it() -> None:
+    s, h = _store(budget=100)  # a child's history waits as a ghost under (its parent's id, first page)
+    s.predictor.stats(8, 0.0, None).hits = 3
+    s.predictor.forget(8, 1.0, ghost_key=(7, "c"))
+    _demote(s, h, (7, "c"), 8, 10, 0.9, 1.0, _hot(5, 1.0))
+    s.rekey(7, 70)  # the parent came back as node 70
+    assert s.lookup((70, "c")) is not None
+    assert s.predictor.stats(80, 2.0, ghost_key=(70, "c")).hits == 3
 
 
 def test_the_same_place_demoted_again_replaces_the_old_entry() -> None:

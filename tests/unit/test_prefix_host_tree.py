@@ -362,3 +362,69 @@ def test_the_prefix_series_follow_the_host_tier_s_counts() -> None:
     assert got[:5] == [s.demoted_tokens, s.restored_tokens, s.demoted, s.restored, 1]
     assert got[5] > 0
     assert value("superinfer_prefix_host_tokens_used") == s.used
+
+
+# ---- a review of 2026-12-03: each test below fails on the code before its fix -----------------
+def test_a_restore_that_cannot_fit_evicts_nothing() -> None:
+    """Free plus evictable memory short of the entry: the restore fails without emptying the
+    device cache first (a waiting request is matched again every step)."""
+    cache = _cache(pool_tokens=100, min_score=0.05)
+    host = _host(cache)
+    _serve(cache, SYSTEM + [1], "a")
+    _serve(cache, SYSTEM + [2], "a2")
+    _evict_all(cache)
+    hot = list(range(5000, 5020))
+    _serve(cache, hot + [1], "h1")
+    _serve(cache, hot + [2], "h2")
+    held = cache._alloc.alloc(cache._alloc.available_size() - 10)  # running requests hold the rest
+    assert cache._alloc.available_size() + cache.evictable_size() < len(SYSTEM)
+    evictable = cache.evictable_size()
+    assert _match(cache, SYSTEM + [3], "waiting").device_prefix_len == 0 and host.restore_failures == 1
+    assert cache.evictable_size() == evictable and _match(cache, hot).device_prefix_len == len(hot)
+    cache._alloc.free(held)
+    _consistent(cache)
+
+
+def test_a_few_shared_tokens_do_not_consume_a_demoted_prompt() -> None:
+    """Another tenant's prompt sharing only the chat template's first tokens must not restore
+    those and drop the rest of the entry and everything chained under it."""
+    cache = _cache(pool_tokens=1200, host_tokens=2000)
+    host = _host(cache)
+    template = [1, 32001, 9125, 13]
+    tenant_a = template + list(range(5000, 5200))
+    for i in range(3):
+        _serve(cache, tenant_a + [100 + i] * 5, f"a{i}")
+    _evict_all(cache)
+    entries = len(host.store)
+    assert _match(cache, template + list(range(7000, 7010)), "tenant-b").device_prefix_len == 0
+    assert len(host.store) == entries and host.store.dropped == 0
+    assert _match(cache, tenant_a + [100] * 5 + [9], "a-again").device_prefix_len == len(tenant_a) + 5
+    _consistent(cache)
+
+
+def test_a_reset_publishes_the_host_tier_series() -> None:
+    from prometheus_client import REGISTRY
+
+    cache = _cache(pool_tokens=100)
+    host = _host(cache)
+    _serve(cache, SYSTEM + [1], "a")
+    _serve(cache, SYSTEM + [2], "a2")
+    _evict_all(cache)
+    assert REGISTRY.get_sample_value("superinfer_prefix_host_tokens_used") == host.store.used > 0
+    cache.reset()
+    assert REGISTRY.get_sample_value("superinfer_prefix_host_tokens_used") == 0
+
+
+def test_auto_splits_its_ram_share_among_the_nodes_scheduler_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from superinfer_sgl.integration import prefix_cache, startup
+    from superinfer_sgl.integration.prefix_host import AUTO_RAM_FRACTION, auto_host_tokens
+
+    ram = int(400 * 100 / AUTO_RAM_FRACTION)
+    assert auto_host_tokens(1000, 100, available_ram=ram, processes=4) == 100
+    from superinfer_sgl.duplexkv import host_pool
+
+    monkeypatch.setattr(startup, "local_schedulers", lambda sched: (4, 1))  # e.g. --dp-size 4
+    per_token = 2 * 2 * 2 * 4 * 4  # the test pool: layers, K and V, heads, head_dim, float32
+    monkeypatch.setattr(host_pool, "available_ram_bytes", lambda: int(4 * 64 * per_token / AUTO_RAM_FRACTION))
+    cache = _cache(pool_tokens=120, host_tokens=prefix_cache.AUTO_HOST)
+    assert _host(cache).store.budget == 64  # a quarter of the RAM share (256 tokens), not the device pool's 120
