@@ -218,7 +218,6 @@ class HostPrefixStore:
             entry = self.entries.pop(key)
             self.by_node.pop(entry.node, None)
             entry.key = (new_node, key[1])
-            self.predictor.move_ghost(key, entry.key)  # its evicted node's history waits there too
             self.entries[entry.key] = entry
             self.under.setdefault(new_node, set()).add(entry.key)
             self.by_node[entry.node] = entry.key

@@ -191,13 +191,6 @@ class ReusePredictor:
         self.nodes[new_parent] = head
         st.length = max(st.length - split_len, 0)
 
-    def move_ghost(self, old: Hashable, new: Hashable) -> None:
-        """A prefix's place moved (the node it hung under came back from host under a new id, and
-        ghost keys name their parent): its ghost, if any, waits under the new key."""
-        ghost = self.ghosts.pop(old, None)
-        if ghost is not None:
-            self.ghosts[new] = ghost
-
     def forget(self, node: Hashable, now: float, ghost_key: Hashable | None = None) -> None:
         """The node left the tree; with a ghost key its history waits for the prefix to return."""
         st = self.nodes.pop(node, None)

@@ -150,16 +150,6 @@ def test_discarding_an_entry_counts_its_chained_descendants_as_dropped() -> None
     s.check()
 
 
-def test_restoring_a_parent_moves_its_childs_ghost_with_it() -> None:
-    s, h = _store(budget=100)  # a child's history waits as a ghost under (its parent's id, first page)
-    s.predictor.stats(8, 0.0, None).hits = 3
-    s.predictor.forget(8, 1.0, ghost_key=(7, "c"))
-    _demote(s, h, (7, "c"), 8, 10, 0.9, 1.0, _hot(5, 1.0))
-    s.rekey(7, 70)  # the parent came back as node 70
-    assert s.lookup((70, "c")) is not None
-    assert s.predictor.stats(80, 2.0, ghost_key=(70, "c")).hits == 3
-
-
 def test_the_same_place_demoted_again_replaces_the_old_entry() -> None:
     s, h = _store(budget=100)
     old = _demote(s, h, (1, "a"), 10, 20, 0.9)
