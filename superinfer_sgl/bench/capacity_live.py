@@ -357,8 +357,9 @@ def render_capacity(doc: Mapping[str, Any]) -> str:
             for rule, what in (("gaps", "90% of gaps"), ("tpot", "mean TPOT")):
                 x = p[rule]
                 est = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
+                means = "-" if x["mean_a"] is None else f"{x['mean_b']:.3f} / {x['mean_a']:.3f}"
                 lines.append(f"- {p['b']} / {p['a']}, {what}: {est} (95% repeat {_ci(x['repeat_ci'], '{:.2f}')}; "
-                             f"means {x['mean_b']:.3f} / {x['mean_a']:.3f})")
+                             f"means {means})")
     rule = cfg.get("slo_rule") or "gaps"
     lines += ["", "Points measured (rate: joint attainment, the search's rule):", ""]
     for name, pts in doc["results"].items():

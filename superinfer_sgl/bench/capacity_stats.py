@@ -33,10 +33,12 @@ def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]
     for system in dict.fromkeys(r["system"] for r in runs):
         mine = sorted((r for r in runs if r["system"] == system and not r.get("error")), key=lambda r: r["repeat"])
         caps = [_cap(r) for r in mine]
+        # (every search of it failed: no draws, and its pairs say nothing)
         boot = np.mean([_boot_capacity(_measured(results.get(system, []), r["repeat"], rule), rng) for r in mine],
-                       axis=0)
+                       axis=0) if mine else np.zeros(0)
         draws[system] = boot
         out["systems"][system] = {
+            "repeats": [r["repeat"] for r in mine],  # which repeats finished: pairs match on these
             "per_repeat": caps, "censored": [r.get("censored") for r in mine],
             "brackets": [r.get("bracket") for r in mine],
             # rates above the first crossing that met the target again: reported, never counted
@@ -48,15 +50,14 @@ def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]
     for a, b in pairs:
         if a not in out["systems"] or b not in out["systems"]:
             continue
-        ca, cb = out["systems"][a]["per_repeat"], out["systems"][b]["per_repeat"]
-        n = min(len(ca), len(cb))
-        ok = [(x, y) for x, y in zip(ca[:n], cb[:n]) if x > 0]
+        ca, cb = _paired(out["systems"][a], out["systems"][b], "per_repeat")
+        ok = [(x, y) for x, y in zip(ca, cb) if x > 0]
         diff = stats.ratio("capacity", [x for x, _ in ok], [y for _, y in ok]) if ok else None
         with np.errstate(divide="ignore", invalid="ignore"):
-            rb = draws[b] / draws[a]
+            rb = draws[b] / draws[a] if len(draws[a]) and len(draws[b]) else np.zeros(0)
         rb = rb[np.isfinite(rb)]
         out["pairs"].append({"a": a, "b": b, "ratio": diff.estimate if diff else None,
-                             "ratio_of_means": (np.mean(cb[:n]) / np.mean(ca[:n])) if n and np.mean(ca[:n]) else None,
+                             "ratio_of_means": (np.mean(cb) / np.mean(ca)) if ca and np.mean(ca) else None,
                              "per_repeat": list(diff.per_repeat) if diff else [],
                              "repeat_ci": diff.repeat_ci if diff else None,
                              "request_ci": _pct(rb) if len(rb) else None})
@@ -65,6 +66,14 @@ def summarize(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]
     out["rule"] = rule
     out["by_rule"] = by_rule(runs, pairs, results) if timed else None
     return out
+
+
+def _paired(sa: Mapping[str, Any], sb: Mapping[str, Any], key: str) -> tuple[list[float], list[float]]:
+    """Two systems' values of `key` on the repeats both finished, in repeat order (a search that
+    failed drops its repeat from the pair, not a later repeat's value into its place)."""
+    a, b = dict(zip(sa["repeats"], sa[key])), dict(zip(sb["repeats"], sb[key]))
+    both = sorted(a.keys() & b.keys())
+    return [a[k] for k in both], [b[k] for k in both]
 
 
 def _cap(run: Mapping[str, Any]) -> float:
@@ -99,18 +108,19 @@ def by_rule(runs: Sequence[Mapping[str, Any]], pairs: Sequence[tuple[str, str]],
     out: dict[str, Any] = {"systems": {}, "pairs": []}
     for system in dict.fromkeys(r["system"] for r in runs):
         repeats = sorted(r["repeat"] for r in runs if r["system"] == system and not r.get("error"))
-        out["systems"][system] = {
+        out["systems"][system] = {"repeats": repeats, **{
             rule: [reread_capacity(_measured(results.get(system, []), k, rule), target) for k in repeats]
-            for rule in SLO_RULES}
+            for rule in SLO_RULES}}
     for a, b in pairs:
         if a not in out["systems"] or b not in out["systems"]:
             continue
         row: dict[str, Any] = {"a": a, "b": b}
         for rule in SLO_RULES:
-            ok = [(x, y) for x, y in zip(out["systems"][a][rule], out["systems"][b][rule]) if x > 0]
+            ca, cb = _paired(out["systems"][a], out["systems"][b], rule)
+            ok = [(x, y) for x, y in zip(ca, cb) if x > 0]
             diff = stats.ratio("capacity", [x for x, _ in ok], [y for _, y in ok]) if ok else None
             row[rule] = {"ratio": diff.estimate if diff else None, "repeat_ci": diff.repeat_ci if diff else None,
-                         "mean_a": float(np.mean(out["systems"][a][rule])), "mean_b": float(np.mean(out["systems"][b][rule]))}
+                         "mean_a": float(np.mean(ca)) if ca else None, "mean_b": float(np.mean(cb)) if cb else None}
         out["pairs"].append(row)
     return out
 

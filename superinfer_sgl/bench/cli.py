@@ -172,6 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.repeats < 1:
         print("ab_bench: error: --repeats must be >= 1", file=sys.stderr)
         return 2
+    if a.capacity:  # the search's grid, checked before any server starts (a grid from the calibration: later)
+        from ..sim.capacity import CapacityGrid
+
+        try:
+            if a.capacity_grid is not None and len(a.capacity_grid) != 2:
+                raise ValueError(f"--capacity-grid is LO,HI, got {len(a.capacity_grid)} numbers")
+            lo, hi = a.capacity_grid or (1.0, 2.0)
+            CapacityGrid(lo=lo, hi=hi, growth=a.capacity_growth, resolution=a.capacity_resolution)
+        except ValueError as exc:
+            print(f"ab_bench: error: --capacity: {exc}", file=sys.stderr)
+            return 2
     if a.capacity and a.out is None:
         a.out = Path(__file__).resolve().parents[2] / "results" / f"capacity_{a.profile}"
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd")
     run = sub.add_parser("run", help="simulate one workload")
     _workload_options(run)
-    run.add_argument("--rate", type=float, default=10.0, help="req/s (Azure: rescale; 0 = as recorded)")
+    run.add_argument("--rate", type=float, default=10.0, help="req/s (Azure: rescale; 0 = as recorded; a .csv / .jsonl table: as recorded, always)")
     run.add_argument("--json", type=Path, help="write all summaries here")
     cap = sub.add_parser("capacity", help="SLO capacity per policy (rate search)",
                          description=capacity.__doc__.split("\n\n")[0])
@@ -76,24 +77,27 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--growth", type=float, default=1.25, help="ratio between grid rates")
     cap.add_argument("--resolution", type=float, default=0.02,
                    help="bisect the crossing until its bracket is this fraction of the rate")
-    cap.add_argument("--probes", type=int, default=2, help=PROBES_HELP)
-    cap.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate (from --seed)")
+    cap.add_argument("--probes", type=_positive_int, default=2, help=PROBES_HELP)
+    cap.add_argument("--seeds", type=_positive_int, default=1, help="workload seeds pooled at each rate (from --seed)")
     cap.add_argument("--slo-rule", choices=sorted(capacity.SLO_RULES), default="gaps", help=capacity.SLO_RULE_HELP)
     cap.add_argument("--json", type=Path, help="write one row per policy (policy, capacity_req_s, points)")
     pl = sub.add_parser("plan", help="replicas per policy for a mix of SLO classes",
                         description=plan.__doc__.split("\n\n")[0])
     pl.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
-    pl.add_argument("--class", dest="classes", action="append", required=True, type=plan.MixClass.parse,
+    pl.add_argument("--class", dest="classes", action="append", required=True, type=_mix_class,
                     metavar="NAME:rate=R,ttft_ms=T,tbt_ms=B[,weight=W]", help="repeatable: one SLO class and its rate")
     pl.add_argument("--policy", action="append", choices=sorted(POLICIES),
                     help="repeatable; default: goodput, sglang, sglang-priority")
     pl.add_argument("--target", type=float, default=0.9, help="share of each class's requests meeting both SLOs")
-    pl.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per simulated rate")
+    pl.add_argument("--duration", type=_positive_float, default=120.0, help="seconds of arrivals per simulated rate")
     pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--seeds", type=int, default=1, help="workload seeds pooled at each rate")
+    pl.add_argument("--seeds", type=_positive_int, default=1, help="workload seeds pooled at each rate")
     pl.add_argument("--resolution", type=float, default=0.02)
-    pl.add_argument("--probes", type=int, default=2, help=PROBES_HELP)
-    pl.add_argument("--jobs", type=int, default=1, help="worker processes")
+    pl.add_argument("--lo", type=float, default=0.5, help="lowest total rate of the grid (req/s)")
+    pl.add_argument("--hi", type=float, default=64.0,
+                    help="highest total rate of the grid (req/s); a capacity there is reported as at least it")
+    pl.add_argument("--probes", type=_positive_int, default=2, help=PROBES_HELP)
+    pl.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
     pl.add_argument("--json", type=Path, help="write one row per policy")
     vc = sub.add_parser("validate-capacity", help="the planner's one-replica answer against a live capacity run",
                         description=capacity_validate.__doc__.split("\n\n")[0])
@@ -101,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     vc.add_argument("--profile", default=validate_defaults.DEFAULT_PROFILE, help="cost profile scaled to the run's speed")
     vc.add_argument("--speed", choices=capacity_validate.SPEED_SOURCES, default="auto",
                     help="the run's speed from its step logs, point probes or opening calibration (auto: the first it has)")
-    vc.add_argument("--duration", type=float, default=600.0, help="planner: seconds of arrivals per simulated rate")
-    vc.add_argument("--seeds", type=int, default=4, help="planner: workload seeds pooled at each rate")
+    vc.add_argument("--duration", type=_positive_float, default=600.0, help="planner: seconds of arrivals per simulated rate")
+    vc.add_argument("--seeds", type=_positive_int, default=4, help="planner: workload seeds pooled at each rate")
     vc.add_argument("--seed", type=int, default=0)
     vc.add_argument("--resolution", type=float, default=0.02, help="planner: bisection resolution")
     vc.add_argument("--no-replay", action="store_true", help="skip the replay of the live search per repeat")
@@ -110,15 +114,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="planner: its own settings (mixed chunk for every policy) instead of each server's flags")
     vc.add_argument("--jitter", action=argparse.BooleanOptionalAction, default=True,
                     help="simulated steps spread as each system's logged steps did (step logs only)")
-    vc.add_argument("--jobs", type=int, default=1, help="worker processes (planner)")
+    vc.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (planner)")
     vc.add_argument("--out", type=Path, default=RESULTS, help="writes sim_validate_capacity_<run>.json / .md here")
     paper = sub.add_parser("paper", help="the paper's scenario: sweeps, plots, claims")
-    paper.add_argument("--jobs", type=int, default=1)
+    paper.add_argument("--jobs", type=_positive_int, default=1)
     paper.add_argument("--quick", action="store_true", help="30 s of arrivals, two rates")
     paper.add_argument("--out", type=Path, default=RESULTS)
     paper.add_argument("--replot", action="store_true", help="redo plots/tables from sim_paper.json")
     whatif = sub.add_parser("whatif", help="LVF knobs at one contended point (GH200, 15 req/s)")
-    whatif.add_argument("--jobs", type=int, default=1)
+    whatif.add_argument("--jobs", type=_positive_int, default=1)
     whatif.add_argument("--out", type=Path, default=RESULTS)
     speed = sub.add_parser("speed", help="wall time of 120 s at 20 req/s, per policy")
     speed.add_argument("--profile", default="gh200-qwen2.5-32b")
@@ -137,7 +141,7 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", choices=sorted(POLICIES), help="repeatable; default: all")
     p.add_argument("--workload", default="sharegpt-like",
                    help="sharegpt-like | azure:conv | azure:code (azure:KIND@START: the window from START s into the trace) | a ShareGPT .json / .csv / .jsonl trace")
-    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--duration", type=_positive_float, default=120.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ttft-slo-ms", type=float, help="override every request's TTFT SLO")
     p.add_argument("--tbt-slo-ms", type=float, help="override every request's TBT SLO")
@@ -167,7 +171,7 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--running-reserve", type=float, default=None,
                    help="our policies: the decode reserve a running request keeps, as a share of SGLang's "
                         "(the server's --running-reserve; default: the policy's)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="worker processes")
 
 
 def _job(a: argparse.Namespace, policy: str, rate: float) -> Job:
@@ -194,7 +198,7 @@ def _capacity(a: argparse.Namespace) -> None:
 
 def _plan(a: argparse.Namespace) -> None:
     spec = plan.PlanSpec(a.profile, tuple(a.classes), a.duration, a.seed, a.seeds)
-    grid = capacity.CapacityGrid(a.target, resolution=a.resolution, probes=a.probes)
+    grid = capacity.CapacityGrid(a.target, a.lo, a.hi, resolution=a.resolution, probes=a.probes)
     rows = plan.plan(spec, a.policy or ["goodput", "sglang", "sglang-priority"], grid, a.jobs)
     print(f"profile: {a.profile}; {sum(c.rate for c in a.classes):g} req/s: "
           + ", ".join(f"{c.name} {c.rate:g} req/s at {1000 * c.ttft_s:g} ms / {1000 * c.tbt_s:g} ms" for c in a.classes)
@@ -245,6 +249,27 @@ def _speed(a: argparse.Namespace) -> None:
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def _mix_class(text: str) -> plan.MixClass:
+    try:
+        return plan.MixClass.parse(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's own words
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _check_inputs(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """A misspelt profile or workload is a usage error before any work starts, not a traceback
     from a worker process."""
@@ -252,6 +277,17 @@ def _check_inputs(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         for name in ([a.validate_profile] if a.validate is not None else [getattr(a, "profile", None)]):
             if name is not None:
                 resolve_profile(name)
+        table = a.cmd in ("run", "capacity") and a.workload != "sharegpt-like" \
+            and not a.workload.startswith("azure:") and Path(a.workload).suffix != ".json"
+        if a.cmd == "capacity" and table:
+            raise ValueError(f"{a.workload}: a recorded table keeps its own arrival times, so every rate would "
+                             "replay the same trace; capacity needs a workload it can re-time (sharegpt-like, "
+                             "azure:KIND, a ShareGPT .json)")
+        if a.cmd == "capacity":
+            capacity.CapacityGrid(a.target, a.lo, a.hi, a.growth, a.resolution, probes=a.probes)
+        if a.cmd == "plan":
+            capacity.CapacityGrid(a.target, a.lo, a.hi, resolution=a.resolution, probes=a.probes)
+            plan.PlanSpec(a.profile, tuple(a.classes), a.duration, a.seed, a.seeds)
         if a.cmd in ("run", "capacity"):
             wl = build_workload(a.workload, a.rate if a.cmd == "run" else a.lo, a.duration, a.seed)
             if a.max_new_tokens is not None:
@@ -274,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if report["all_pass"] else 1
     if a.cmd == "run":
         _run(a)
-    elif a.cmd == "capacity":
-        _capacity(a)
-    elif a.cmd == "plan":
-        _plan(a)
+    elif a.cmd in ("capacity", "plan"):
+        try:
+            (_capacity if a.cmd == "capacity" else _plan)(a)
+        except ValueError as e:  # found during the search (e.g. a rate with no request to judge)
+            ap.error(str(e))
     elif a.cmd == "validate-capacity":
         rep = capacity_validate.run(a.run_dir, a.out, profile=a.profile, speed=a.speed, duration=a.duration,
                                     seeds=a.seeds, seed=a.seed, resolution=a.resolution, processes=a.jobs,

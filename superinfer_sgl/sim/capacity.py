@@ -35,6 +35,10 @@ SLO_RULE_HELP = ("what meeting the TBT SLO means: gaps (the default, the server'
                  "(DistServe's goodput, SGLang bench_serving's TPOT)")
 
 
+MIN_RATE = 1e-3  # req/s: rates are rounded to 6 decimals, so a grid needs room above that
+MIN_RESOLUTION = 1e-4  # finer than the simulator's answer means anything
+
+
 @dataclass(frozen=True)
 class CapacityGrid:
     """Where to look: a geometric grid from `lo` to `hi` (ratio `growth`), then bisection of the
@@ -55,9 +59,18 @@ class CapacityGrid:
     probes: int = 1
 
     def __post_init__(self) -> None:
-        assert 0.0 < self.target <= 1.0, self.target
-        assert 0.0 < self.lo < self.hi and self.growth > 1.0 and 0.0 < self.resolution < 1.0
-        assert self.stop_after >= 1 and self.extend_below >= 0 and self.probes >= 1
+        """ValueError (a usage error at the command line) for a grid no search can run on."""
+        checks = ((0.0 < self.target <= 1.0, f"target must be in (0, 1], got {self.target}"),
+                  (MIN_RATE <= self.lo < self.hi < math.inf, f"need {MIN_RATE:g} <= lo < hi, finite: got lo "
+                                                             f"{self.lo}, hi {self.hi}"),
+                  (1.0 < self.growth < math.inf, f"growth must be > 1, got {self.growth}"),
+                  (MIN_RESOLUTION <= self.resolution < 1.0,
+                   f"resolution must be in [{MIN_RESOLUTION:g}, 1), got {self.resolution}"),
+                  (self.stop_after >= 1 and self.extend_below >= 0 and self.probes >= 1,
+                   f"stop_after and probes must be >= 1 (got {self.stop_after}, {self.probes})"))
+        for ok, why in checks:
+            if not ok:  # (NaN fails every comparison, so it lands here too)
+                raise ValueError(why)
 
     def rates_below(self) -> list[float]:
         return [round(self.lo / self.growth ** k, 6) for k in range(1, self.extend_below + 1)]
@@ -110,14 +123,14 @@ def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capac
 
     def stop_upward(att: float) -> bool:
         nonlocal fails_in_row
-        fails_in_row = 0 if att >= grid.target else fails_in_row + 1
+        fails_in_row = 0 if att >= grid.target else fails_in_row + 1  # (NaN: a failure, as below)
         return fails_in_row >= grid.stop_after
 
     scan(grid.rates(), stop_upward)
     if seen[min(seen)] < grid.target:
         scan(grid.rates_below(), lambda att: att >= grid.target)
     scanned = sorted(seen)
-    first_fail = next((r for r in scanned if seen[r] < grid.target), None)
+    first_fail = next((r for r in scanned if not seen[r] >= grid.target), None)
     if first_fail is None:
         return Capacity(scanned[-1], (scanned[-1], None), "above", _points(seen))
     if first_fail == scanned[0]:
@@ -127,9 +140,11 @@ def find_capacity(measure: Measure, grid: CapacityGrid, batch: int = 1) -> Capac
     while (first_fail - passed) > grid.resolution * passed:
         step = (first_fail - passed) / (grid.probes + 1)
         probe = [round(passed + step * (k + 1), 6) for k in range(grid.probes)]
+        if all(r in (passed, first_fail) for r in probe):
+            break  # the bracket is as narrow as rates are rounded (6 decimals)
         run(probe)
         for r in probe:  # the lowest failing probe bounds the crossing from above
-            if seen[r] < grid.target:
+            if not seen[r] >= grid.target:
                 first_fail = r
                 break
             passed = r
@@ -154,10 +169,13 @@ def policy_capacity(template: Job, grid: CapacityGrid, seeds: int = 1, processes
         jobs = [replace(template, rate=r, seed=template.seed + s) for r in rates for s in range(seeds)]
         res = run_jobs(jobs, processes, progress=False)
         out = []
-        for i in range(len(rates)):
+        for i, rate in enumerate(rates):
             chunk = res[i * seeds:(i + 1) * seeds]
-            met = sum(r[key] * r["requests"] for r in chunk)
-            out.append(met / max(1, sum(r["requests"] for r in chunk)))
+            n = sum(r["requests"] for r in chunk)
+            if n == 0:  # nothing to judge: not a pass (nor a failure to bisect on)
+                raise ValueError(f"no request arrived at {rate:g} req/s in {template.duration:g} s x {seeds} "
+                                 "seed(s): give a longer --duration, more --seeds or a higher --lo")
+            out.append(sum(r[key] * r["requests"] for r in chunk) / n)
         return out
 
     cap = find_capacity(measure, grid, batch=max(1, processes // seeds))
@@ -168,7 +186,7 @@ def policy_capacity(template: Job, grid: CapacityGrid, seeds: int = 1, processes
 def capacity_table(rows: list[dict], baseline: str = "sglang") -> str:
     """Markdown: capacity per policy and its ratio to the baseline policy's."""
     base = next((r["capacity_req_s"] for r in rows if r["policy"] == baseline), None)
-    lines = [f"| policy | capacity at {100 * rows[0]['target']:.0f}% (req/s) | vs {baseline} | bracket |",
+    lines = [f"| policy | capacity at {100 * rows[0]['target']:g}% (req/s) | vs {baseline} | bracket |",
              "|---|---|---|---|"]
     for r in rows:
         cap = r["capacity_req_s"]

@@ -215,7 +215,7 @@ def check(path: Path, profile: str = validate.DEFAULT_PROFILE, speed: str = "aut
         config = replace(validate.system_config(cfg, system, policy, prof.server.kv_tokens),
                          step_jitter=_spread(used, jitter))
         spec = PlanSpec(prof, mix, duration, seed, seeds, pop, None if as_planned else {policy: config})
-        planned = replica_capacity(spec, policy, mix, grid, processes)
+        planned = replica_capacity(spec, policy, mix, grid, processes).capacity_req_s
         m = measured["systems"].get(system, {})
         row = {"system": system, "policy": policy, "speed": used,
                "config": {"mixed_chunk": config.mixed_chunk, "budget_blocks": config.budget_blocks,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from superinfer_sgl.sim.capacity import CapacityGrid, find_capacity
+from superinfer_sgl.sim.capacity import Capacity, CapacityGrid, find_capacity
 from superinfer_sgl.sim.engine import SimConfig, Simulator
 from superinfer_sgl.sim.metrics import request_outcomes
 from superinfer_sgl.sim.policies import make_policy
@@ -44,7 +44,11 @@ class MixClass:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        assert self.name and self.rate > 0 and self.ttft_s > 0 and self.tbt_s > 0 and self.weight > 0, self
+        for what, v in (("rate", self.rate), ("ttft", self.ttft_s), ("tbt", self.tbt_s), ("weight", self.weight)):
+            if not 0.0 < v < math.inf:  # (NaN too)
+                raise ValueError(f"class {self.name!r}: {what} must be a finite number > 0, got {v}")
+        if not self.name:
+            raise ValueError("a class needs a name")
 
     @classmethod
     def parse(cls, text: str) -> MixClass:
@@ -54,8 +58,12 @@ class MixClass:
         known = {"rate", "ttft_ms", "tbt_ms", "weight"}
         if not name or set(fields) - known or not {"rate", "ttft_ms", "tbt_ms"} <= set(fields):
             raise ValueError(f"class {text!r}: expected NAME:rate=R,ttft_ms=T,tbt_ms=B[,weight=W]")
-        return cls(name, float(fields["rate"]), float(fields["ttft_ms"]) / 1000.0, float(fields["tbt_ms"]) / 1000.0,
-                   float(fields.get("weight", 1.0)))
+        try:
+            values = [float(fields[k]) for k in ("rate", "ttft_ms", "tbt_ms")] + [float(fields.get("weight", 1.0))]
+        except ValueError:
+            raise ValueError(f"class {text!r}: rate, ttft_ms, tbt_ms and weight are numbers") from None
+        rate, ttft_ms, tbt_ms, weight = values
+        return cls(name, rate, ttft_ms / 1000.0, tbt_ms / 1000.0, weight)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,13 @@ class PlanSpec:
     population: Population | None = None
     configs: Mapping[str, SimConfig] | None = None
 
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes need distinct names, got {names}")
+        if self.seeds < 1 or not 0.0 < self.duration < math.inf:
+            raise ValueError(f"need seeds >= 1 and a finite duration > 0 (got {self.seeds}, {self.duration})")
+
     def config(self, policy: str) -> SimConfig:
         given = (self.configs or {}).get(policy)
         eos = bool(self.population and self.population.bounds)  # the server saw bounds, not lengths
@@ -133,7 +148,11 @@ class PlanSpec:
                 m = met[names[str(row["rid"])]]
                 m[0] += bool(row["ttft_met"] and row["tbt_met"])
                 m[1] += 1
-        return min((a / n if n else 1.0) for a, n in met.values())
+        empty = [name for name, (_, n) in met.items() if n == 0]
+        if empty:  # not measured is not met: a rare class could otherwise pass unseen
+            raise ValueError(f"class {', '.join(empty)}: no request at {rate:g} req/s in {self.duration:g} s x "
+                             f"{self.seeds} seed(s); give a longer --duration or more --seeds")
+        return min(a / n for a, n in met.values())
 
 
 def _attainment(args: tuple[PlanSpec, str, tuple[MixClass, ...], float]) -> float:
@@ -142,8 +161,9 @@ def _attainment(args: tuple[PlanSpec, str, tuple[MixClass, ...], float]) -> floa
 
 
 def replica_capacity(spec: PlanSpec, policy: str, classes: tuple[MixClass, ...], grid: CapacityGrid,
-                     processes: int = 1) -> float | None:
-    """Highest total rate one replica serves with every class at the target (None: below the grid)."""
+                     processes: int = 1) -> Capacity:
+    """Highest total rate one replica serves with every class at the target (`capacity_req_s` None:
+    below the grid; `censored` "above": at least the grid's top, which then over-provisions)."""
     def measure(rates: Sequence[float]) -> list[float]:
         args = [(spec, policy, classes, r) for r in rates]
         if processes <= 1 or len(args) == 1:
@@ -151,11 +171,12 @@ def replica_capacity(spec: PlanSpec, policy: str, classes: tuple[MixClass, ...],
         with ProcessPoolExecutor(min(processes, len(args))) as pool:
             return list(pool.map(_attainment, args))
 
-    return find_capacity(measure, grid, batch=processes).capacity_req_s
+    return find_capacity(measure, grid, batch=max(1, processes))
 
 
-def replicas(rate: float, capacity: float | None) -> float:
-    return math.inf if not capacity else float(math.ceil(rate / capacity - 1e-9))
+def replicas(rate: float, capacity: float | None) -> int | None:
+    """Replicas for `rate` at `capacity` each; None when no rate of the grid met the target."""
+    return None if not capacity else math.ceil(rate / capacity - 1e-9)
 
 
 def plan(spec: PlanSpec, policies: Sequence[str], grid: CapacityGrid, processes: int = 1) -> list[dict]:
@@ -164,27 +185,34 @@ def plan(spec: PlanSpec, policies: Sequence[str], grid: CapacityGrid, processes:
     total = sum(c.rate for c in spec.classes)
     rows = []
     for pol in policies:
-        shared_cap = replica_capacity(spec, pol, spec.classes, grid, processes)
-        alone = {}
+        shared = replica_capacity(spec, pol, spec.classes, grid, processes)
+        alone: dict[str, Capacity] = {}
         if len(spec.classes) > 1:
             alone = {c.name: replica_capacity(spec, pol, (c,), grid, processes) for c in spec.classes}
-        separate = sum(replicas(c.rate, alone[c.name]) for c in spec.classes) if alone else None
+        each = [replicas(c.rate, alone[c.name].capacity_req_s) for c in spec.classes] if alone else []
         rows.append({"policy": pol, "rate_req_s": total, "target": grid.target,
-                     "capacity_per_replica_req_s": shared_cap, "replicas_shared": replicas(total, shared_cap),
-                     "capacity_alone_req_s": alone, "replicas_separate": separate})
+                     "capacity_per_replica_req_s": shared.capacity_req_s, "censored": shared.censored,
+                     "replicas_shared": replicas(total, shared.capacity_req_s),
+                     "capacity_alone_req_s": {k: c.capacity_req_s for k, c in alone.items()},
+                     "censored_alone": {k: c.censored for k, c in alone.items() if c.censored},
+                     # None: some class alone met the target at no rate of the grid
+                     "replicas_separate": None if None in each or not each else sum(each)})  # type: ignore[arg-type]
     return rows
 
 
 def plan_table(rows: list[dict]) -> str:
-    def n(x: float | None) -> str:
-        return "-" if x is None else ("> grid" if math.isinf(x) else f"{x:.0f}")
-
+    """Markdown. A capacity at the grid's top is a floor ("at least"), and the replica counts built
+    on it are at most; "below grid": no rate met the target, so no count."""
     lines = ["| policy | capacity per replica (req/s) | replicas, shared | replicas, one cluster per class |",
              "|---|---|---|---|"]
     for r in rows:
-        cap = r["capacity_per_replica_req_s"]
-        lines.append(f"| {r['policy']} | {'below grid' if cap is None else f'{cap:.2f}'} | "
-                     f"{n(r['replicas_shared'])} | {n(r['replicas_separate'])} |")
+        cap, top = r["capacity_per_replica_req_s"], r["censored"] == "above"
+        cell = "below grid" if cap is None else (f">= {cap:.2f} (grid max)" if top else f"{cap:.2f}")
+        shared = "-" if r["replicas_shared"] is None else f"{'<= ' if top else ''}{r['replicas_shared']}"
+        sep = r["replicas_separate"]
+        separate = ("-" if sep is None and not r["capacity_alone_req_s"] else "below grid" if sep is None
+                    else f"{'<= ' if r['censored_alone'] else ''}{sep}")
+        lines.append(f"| {r['policy']} | {cell} | {shared} | {separate} |")
     return "\n".join(lines)
 
 

@@ -101,7 +101,7 @@ def test_summary_intervals_and_ratio():
     # re-read from the measured rates: every gap of 50 ms, so both rules agree with the search
     assert s["rule"] == "gaps"
     rr = s["by_rule"]
-    assert rr["systems"]["sglang"] == {"gaps": [1.0, 1.2], "tpot": [1.0, 1.2]}
+    assert rr["systems"]["sglang"] == {"repeats": [0, 1], "gaps": [1.0, 1.2], "tpot": [1.0, 1.2]}
     assert rr["pairs"][0]["tpot"]["ratio"] == pytest.approx(1.375) == rr["pairs"][0]["gaps"]["ratio"]
 
 
