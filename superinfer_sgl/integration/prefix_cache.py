@@ -61,6 +61,9 @@ class PrefixCacheState:
         self._published = float("-inf")  # perf_counter of the last publish to /metrics
         self._source = next(_SOURCES)
         self._publish_failed = False
+        from .metrics import is_metrics_rank
+
+        self._exports = is_metrics_rank()
 
     def charge(self, start: float) -> None:
         end = time.perf_counter()
@@ -73,6 +76,8 @@ class PrefixCacheState:
         """Our counts to the superinfer_prefix_* series (integration/prefix_metrics.py). Observability
         never takes the scheduler down: a failure is logged once."""
         self._published = time.perf_counter() if now is None else now
+        if not self._exports:  # another TP rank's copy of the same counts (integration.metrics)
+            return
         try:
             prefix_cache_metrics().publish(self._source, self.hook_s, self.hook_calls,
                                            None if self.host is None else self.host.counters())
@@ -197,7 +202,10 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         if st is not None:
             st.predictor.forget(node.id, st.clock(), _ghost_key(node, core.page_size))
             if st.host is not None:  # dropped, not demoted: the entries hanging under it go
+                dropped = st.host.store.dropped
                 st.host.store.node_left(node.id)
+                if st.host.store.dropped != dropped:
+                    st.publish()  # an idle server would show the entries until its next request
 
     def on_evict_leaf(core: Any, node_id: Any, *args: Any, **kwargs: Any) -> None:
         st = _state(core)
@@ -208,8 +216,11 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
             return
         now = st.clock()
         score = st.predictor.score(node.id, now)
-        if st.host.demote(core, node, score, now, st.predictor.nodes.get(node.id)):
-            st.publish()  # a copy of milliseconds happened: the series follow at once
+        store = st.host.store
+        before = (store.rejected_room, store.rejected_score, store.host_evicted)
+        if st.host.demote(core, node, score, now, st.predictor.nodes.get(node.id)) \
+                or (store.rejected_room, store.rejected_score, store.host_evicted) != before:
+            st.publish()  # a copy of milliseconds happened, or a refusal: the series follow at once
 
     def around_match(original: Callable[..., Any], cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(cache, params, *args, **kwargs)

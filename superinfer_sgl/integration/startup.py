@@ -111,12 +111,13 @@ def local_schedulers(sched: Any) -> tuple[int, int]:
 
 
 def open_metrics() -> Any:
-    """The Prometheus series, when SGLang runs with --enable-metrics; else None."""
+    """The Prometheus series, when SGLang runs with --enable-metrics and this rank exports; else None."""
     from sglang.srt.runtime_context import get_observability
 
-    if not get_observability().enable_metrics:
+    from .metrics import RotaSchedMetrics, is_metrics_rank
+
+    if not get_observability().enable_metrics or not is_metrics_rank():
         return None
-    from .metrics import RotaSchedMetrics
 
     return RotaSchedMetrics()
 

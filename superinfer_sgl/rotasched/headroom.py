@@ -5,12 +5,15 @@ Pure Python over the policy's own request views (no SGLang, no torch): the integ
 exports the figures as Prometheus gauges. The same rules as the scheduler's, so a replica's "at risk" count is exactly the
 requests its goodput policy already treats as best-effort:
 
-- `queue_vlt_max`: the largest Virtual Lag Time among waiting and rotary requests (seconds; 0 when
-  every queued request is within its slack). It grows while a replica falls behind, before any
-  request has finished late: the earliest overload signal a replica has.
+- `queue_vlt_max`: the largest Virtual Lag Time among waiting and rotary requests, in seconds past
+  each one's slack: VLT without the scheduler's weight on a paused request's lag (`alpha`, a
+  ranking knob), so the gauge and an autoscaler's threshold on it mean the same whatever
+  `--vlt-alpha` is (0 when every queued request is within its slack). It grows while a replica
+  falls behind, before any request has finished late: the earliest overload signal a replica has.
 - at risk: waiting or rotary requests that can no longer meet their TTFT/TBT SLOs even if served
-  next (`goodput.tier` is not VIABLE), and running requests that already lost theirs
-  (`goodput.lost`). A router should prefer replicas with none; a steady count means lost goodput.
+  next (`goodput.tier` is not VIABLE, or a paused request with no gap to spare whose pause has
+  already outlasted its TBT SLO: its next token is a miss), and running requests that already
+  lost theirs (`goodput.lost`). A router should prefer replicas with none; a steady count means lost goodput.
 - `AttainmentWindow`: SLO attainment over the last N finished requests of each class, per SLO
   (ttft, tbt, joint = both). A count window, not a time window, so it needs no clock tick while
   the server is idle (an idle server's last value stands, and is still true of its last N).
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from superinfer_sgl.rotasched.goodput import GoodputParams, lost, tier
 from superinfer_sgl.rotasched.policy import VIABLE
@@ -56,14 +59,20 @@ def headroom(views: Iterable[ReqView], now: float, params: VltParams, gp: Goodpu
         counts[v.state] += 1
         # tier() assumes nothing is queued ahead: "at risk" never over-counts a request that a
         # quieter moment would still serve in time.
-        risk[v.state] += tier(v, now, gp) != VIABLE
+        risk[v.state] += tier(v, now, gp) != VIABLE or _pause_lost(v, now)
     lost_running = sum(1 for v in views if v.state is ReqState.RUNNING and lost(v))
     return Headroom(
-        vlt_max_s=max(vlts(queued, now, params), default=0.0),
+        vlt_max_s=max(vlts(queued, now, replace(params, alpha=1.0)), default=0.0),
         waiting=counts[ReqState.WAITING], rotary=counts[ReqState.ROTARY],
         at_risk_waiting=risk[ReqState.WAITING], at_risk_rotary=risk[ReqState.ROTARY],
         lost_running=lost_running,
     )
+
+
+def _pause_lost(v: ReqView, now: float) -> bool:
+    """A request that has started answering, out of gaps to spare, whose open gap already exceeds
+    its TBT SLO (`misses_left` counts only the gaps observed, not the one still open)."""
+    return v.last_token is not None and v.misses_left <= 0 and now - v.last_token > v.tbt_slo
 
 
 class AttainmentWindow:

@@ -428,3 +428,19 @@ def test_auto_splits_its_ram_share_among_the_nodes_scheduler_processes(monkeypat
     monkeypatch.setattr(host_pool, "available_ram_bytes", lambda: int(4 * 64 * per_token / AUTO_RAM_FRACTION))
     cache = _cache(pool_tokens=120, host_tokens=prefix_cache.AUTO_HOST)
     assert _host(cache).store.budget == 64  # a quarter of the RAM share (256 tokens), not the device pool's 120
+
+
+def test_entries_dropped_with_their_parent_are_published_at_once() -> None:
+    """An eviction that drops host entries (their parent left the tree) or refuses one updates
+    the series then, not at the next request (an idle server would show them for good)."""
+    from prometheus_client import REGISTRY
+
+    cache = _cache(pool_tokens=120, host_tokens=30)
+    host = _host(cache)
+    tail = list(range(2000, 2020))
+    _serve(cache, SYSTEM + tail, "a")
+    _serve(cache, SYSTEM + [7, 8], "b")
+    _serve(cache, SYSTEM + tail, "a2")  # a hit: the tail is worth demoting
+    _evict_all(cache)  # the tail is demoted; SYSTEM (40 tokens) does not fit and takes the tail's entry along
+    assert host.store.dropped >= 1 and host.store.used == 0
+    assert REGISTRY.get_sample_value("superinfer_prefix_host_tokens_used") == 0
