@@ -56,7 +56,7 @@ def _metrics() -> CopyMetrics | None:
         try:
             from sglang.srt.runtime_context import get_observability
 
-            from .metrics import is_metrics_rank
+            from .metrics_rank import is_metrics_rank
 
             enabled = bool(get_observability().enable_metrics) and is_metrics_rank()
         except Exception:  # outside a server (unit tests on fakes): nothing to export to

@@ -9,9 +9,7 @@ what a router or autoscaler reads; each carries a `dp_rank` label, so data-paral
 scheduler process each) stay apart. Their multiprocess mode is livemax: one process writes each
 label set (TP ranks of one DP rank would write the same value).
 
-Which processes export (`is_metrics_rank`): SGLang's own rule, the first scheduler of each attention
-TP / CP group, or every one with --enable-metrics-for-all-schedulers. TP ranks take the same
-decisions, so counters and livesum gauges written by all of them would read N times the truth.
+Which processes export: `metrics_rank.is_metrics_rank` (SGLang's own rule).
 
 The recompute tax (`RecomputeTally`): prefill tokens computed, and of them the tokens computed
 again because the request's KV had been dropped while it ran (SGLang's decode-OOM retraction, our
@@ -39,21 +37,6 @@ from ..rotasched.headroom import AttainmentWindow, headroom
 
 if TYPE_CHECKING:  # (its views import torch; the HTTP process reads _dp_rank from here)
     from .step_figures import KvBytes, StepFigures
-
-
-def is_metrics_rank() -> bool:
-    """Does this scheduler process export superinfer_ series? (Outside a server: yes, e.g. the
-    unit tests' registry.) --enable-metrics-for-all-schedulers exports from every rank, and then
-    the sums over TP ranks are N-fold, as SGLang's own series with that flag."""
-    try:
-        from sglang.srt.runtime_context import get_observability, get_parallel
-
-        if get_observability().enable_metrics_for_all_schedulers:
-            return True
-        par = get_parallel()
-        return int(par.attn_tp_rank) == 0 and int(getattr(par, "attn_cp_rank", 0) or 0) == 0
-    except Exception:  # no runtime context: not inside a server
-        return True
 
 # The headroom gauges rebuild a view of every queued request, for gauges scraped seconds apart: per
 # step that is a measurable share of a CPU server's scheduler time (docs/perf.md), under a backlog

@@ -61,7 +61,7 @@ class PrefixCacheState:
         self._published = float("-inf")  # perf_counter of the last publish to /metrics
         self._source = next(_SOURCES)
         self._publish_failed = False
-        from .metrics import is_metrics_rank
+        from .metrics_rank import is_metrics_rank
 
         self._exports = is_metrics_rank()
 

@@ -114,7 +114,8 @@ def open_metrics() -> Any:
     """The Prometheus series, when SGLang runs with --enable-metrics and this rank exports; else None."""
     from sglang.srt.runtime_context import get_observability
 
-    from .metrics import RotaSchedMetrics, is_metrics_rank
+    from .metrics import RotaSchedMetrics
+    from .metrics_rank import is_metrics_rank
 
     if not get_observability().enable_metrics or not is_metrics_rank():
         return None

@@ -194,7 +194,7 @@ def test_only_the_first_rank_of_an_attention_tp_group_exports(monkeypatch: pytes
     times the truth. SGLang's own rule (review of 2026-12-03)."""
     import sglang.srt.runtime_context as ctx
 
-    from superinfer_sgl.integration.metrics import is_metrics_rank
+    from superinfer_sgl.integration.metrics_rank import is_metrics_rank
 
     obs = SimpleNamespace(enable_metrics=True, enable_metrics_for_all_schedulers=False)
     monkeypatch.setattr(ctx, "get_observability", lambda: obs)
