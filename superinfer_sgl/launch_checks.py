@@ -37,17 +37,34 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def check_model_path(path: str) -> None:
-    """A local folder must hold a config.json; a hub id must be resolvable (cache or hub)."""
+    """A local folder must hold a config.json and a local file must be a GGUF checkpoint; a hub id
+    (owner/repo, or the GGUF references owner/repo/file.gguf and owner/repo:QUANT) must be
+    resolvable (cache or hub); a remote URL (connector://...) is SGLang's loaders' to reach."""
+    if "://" in path:
+        return
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise LaunchError(f"model path {path} is a folder without config.json (not a Hugging Face model)")
         return
-    if os.path.exists(expanded) or path.startswith((".", "/", "~")) or path.count("/") > 1:
+    if os.path.isfile(expanded):
+        if not _is_gguf(expanded):
+            raise LaunchError(f"model path {path} is a file, neither a model folder nor a GGUF checkpoint")
+        return
+    repo = "/".join(path.split(":", 1)[0].split("/")[:2])  # the repository a GGUF reference names
+    if path.startswith((".", "/", "~")) or (path.count("/") > 1 and not path.endswith(".gguf")):
         raise LaunchError(f"model path {path} does not exist")
-    if not _hub_model_known(path):
+    if not _hub_model_known(repo):
         raise LaunchError(f"unknown model path {path}: not a local folder, not in the Hugging Face cache, "
                           "and not reachable on the hub")
+
+
+def _is_gguf(path: str) -> bool:
+    """SGLang's own test: the suffix, or the file's magic."""
+    if path.endswith(".gguf"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
 
 
 def _hub_model_known(repo_id: str) -> bool:

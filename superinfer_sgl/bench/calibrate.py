@@ -103,31 +103,46 @@ def derive(speed: Speed, kv_tokens: int, mean_in: float, mean_out: float, knobs:
 
 
 # ---- the probe ---------------------------------------------------------------------------------
-def _stream_times(url: str, text: str, out_tokens: int, times: list[list[float]], slot: int) -> None:
+class ProbeError(RuntimeError):
+    """A probe request failed or streamed no token: the server is not answering as it should."""
+
+
+def _stream_times(url: str, text: str, out_tokens: int, times: list[list[float]], slot: int,
+                  errors: list[str]) -> None:
     body = {"text": text, "stream": True,
             "sampling_params": {"max_new_tokens": out_tokens, "ignore_eos": True, "temperature": 0}}
     t0 = time.perf_counter()
     marks, seen = [t0], 0
-    with requests.post(url + "/generate", json=body, stream=True, timeout=900) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                continue
-            n = json.loads(line[5:]).get("meta_info", {}).get("completion_tokens", seen + 1)
-            if n > seen:
-                marks.append(time.perf_counter())
-                seen = n
+    try:
+        with requests.post(url + "/generate", json=body, stream=True, timeout=900) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                n = json.loads(line[5:]).get("meta_info", {}).get("completion_tokens", seen + 1)
+                if n > seen:
+                    marks.append(time.perf_counter())
+                    seen = n
+    except (requests.RequestException, ValueError) as exc:  # a thread's error would vanish: hand it back
+        errors.append(f"{type(exc).__name__}: {exc}")
     times[slot] = marks
 
 
 def _concurrent(url: str, texts: Sequence[str], out_tokens: int) -> list[list[float]]:
+    """Each text's [send time, token times...]; a ProbeError when any request failed or streamed
+    no token."""
     times: list[list[float]] = [[] for _ in texts]
-    threads = [threading.Thread(target=_stream_times, args=(url, t, out_tokens, times, i))
+    errors: list[str] = []
+    threads = [threading.Thread(target=_stream_times, args=(url, t, out_tokens, times, i, errors))
                for i, t in enumerate(texts)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    empty = sum(len(m) < 2 for m in times)
+    if errors or empty:
+        raise ProbeError(f"speed probe of {url}: {empty} of {len(texts)} requests streamed no token"
+                         f"{'; ' + errors[0] if errors else ''}")
     return times
 
 
@@ -148,6 +163,8 @@ def probe(url: str, texts: Sequence[str], prompt_tokens: int, out_tokens: int = 
             runs = _concurrent(url, texts[used: used + b], out_tokens)
             used += b
             gaps = [y - x for marks in runs for x, y in zip(marks[1:], marks[2:])]
+            if not gaps:
+                raise ProbeError(f"speed probe of {url}: no request streamed two tokens apart")
             best = min(best, 1000.0 * statistics.median(gaps))
             if b == 1:
                 ttfts.append(runs[0][1] - runs[0][0])

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print((a.report / "table.md").read_text())
         return 0
     if a.report:
-        from .report import rereport
+        from .analysis import rereport
 
         if abfile.load(a.report).get("config", {}).get("mode") == "capacity":
             from .capacity_live import rereport_capacity

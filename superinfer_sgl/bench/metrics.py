@@ -77,7 +77,9 @@ def outcomes_from_details(details: Mapping[str, list], slos: Sequence[tuple[floa
         raise ValueError(f"details cover {len(ttfts)} requests, the workload has {n}")
     outcomes = []
     for i, (ttft_slo, tbt_slo, cls) in enumerate(slos):
-        ok = not errors[i]
+        # bench_serving leaves ttft at 0.0 until a content chunk arrives: a "success" without one (a
+        # stream ended by an abort's error chunk, or an immediate EOS) delivered nothing and is a miss
+        ok = not errors[i] and float(ttfts[i]) > 0.0
         itl = tuple(float(x) for x in itls[i])
         latency = e2e[i] if e2e[i] is not None else float(ttfts[i]) + sum(itl)
         outcomes.append(RequestOutcome(ttft_slo, tbt_slo, ok, float(ttfts[i]), itl, float(latency),

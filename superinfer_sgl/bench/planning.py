@@ -240,10 +240,24 @@ def pick_systems(a: argparse.Namespace, p: Profile) -> list[SystemSpec]:
     return chosen
 
 
+def check_trace_options(a: argparse.Namespace) -> None:
+    """The trace's options with another workload would be ignored without a word: refuse them."""
+    if a.workload == "trace":
+        return
+    given = [flag for flag, on in (
+        ("--trace", a.trace), ("--mixed", a.mixed), ("--trace-start", a.trace_start != 0),
+        ("--trace-length-scale", a.trace_length_scale != 1.0), ("--trace-arrivals", a.trace_arrivals != "poisson"),
+        ("--time-scales", tuple(a.time_scales) != (1.0,))) if on]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for --workload trace only (got --workload {a.workload}); "
+                         "SLO classes on a trace: --workload trace --mixed")
+
+
 def build_plan(a: argparse.Namespace, argv: list[str]) -> tuple[Plan, object]:
     """Raises ValueError/OSError (bad options or files) with a one-line message."""
     if getattr(a, "workload", None) is None:
         a.workload = "trace" if a.trace else "sharegpt"
+    check_trace_options(a)
     p = resolve_profile(a)
     out = (a.out or REPO / "results" / f"ab_{p.name}_{a.workload}").resolve()
     out.mkdir(parents=True, exist_ok=True)

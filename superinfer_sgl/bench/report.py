@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import abfile
 from .metrics import max_rate_meeting
 
 Results = Mapping[str, Sequence[Mapping[str, Any]]]
@@ -414,25 +413,3 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     if doc["errors"]:
         lines += ["Errors:", *(f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in doc["errors"].items()), ""]
     return "\n".join(lines) + "\n"
-
-
-def rereport(out_dir: Path) -> dict[str, Any]:
-    """Recompute the differences, table.md and (runs with repeats or pairs) the pooled plot of a
-    finished run from its ab.json (the statistics or the report changed; no server is started)."""
-    path = abfile.find(out_dir)  # ab.json, or ab.json.gz: written back under the same name
-    doc = abfile.read_json(path)
-    results = {k: v for k, v in doc["results"].items() if v}
-    cfg = doc["config"]
-    pairs = [tuple(p) for p in cfg.get("pairs") or ()]
-    if pairs or cfg.get("repeats", 1) > 1:
-        if not pairs:
-            names = [n for n in ("sglang", "sglang-priority") if n in results]
-            pairs = [(n, "superinfer") for n in names if "superinfer" in results]
-            pairs += [("sglang", n) for n in results if n.startswith("sglang#")]
-        doc["comparisons"] = comparisons(results, pairs)
-        title = f"{cfg['profile']} / {cfg['workload']}: {cfg['machine'].get('cpu', '')} (pooled over " \
-                f"{cfg.get('repeats', 1)} repeat(s){', paired' if cfg.get('pairs') else ''})"
-        plot(pooled_results(results), out_dir / "attainment.png", title)
-    abfile.write_json(path, doc)
-    (out_dir / "table.md").write_text(render_markdown(doc))
-    return doc

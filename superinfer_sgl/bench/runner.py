@@ -25,13 +25,13 @@ from superinfer_patches.step_log import STEP_LOG_ENV
 from . import kv_pool, recompute
 from .client import ClientError, bench_args, run_client
 from .metrics import counter_deltas, outcomes_from_details, parse_prometheus, summarize
-from .calibrate import Speed, derive, probe, probe_prompts
+from .calibrate import ProbeError, Speed, derive, probe, probe_prompts
 from .paired import core_halves, pairs_for
 from .planning import Plan, SweepPoint, explicit_slos, for_repeat, mean_lengths, recalibrated
 from .prompts import PromptBuilder
 from .rundoc import dataset_for, describe, prepare_files
-from .report import check_targets, comparisons, noise_band, plot, pooled_results, render_markdown
-from .servers import ServerError, SystemSpec, launch, noise_twin_name
+from .analysis import analyse, record_roles
+from .servers import ServerError, SystemSpec, launch
 from .workloads import offered_rate
 
 
@@ -134,7 +134,11 @@ def point_probe(plan: Plan, spec: SystemSpec, server: Any, i: int) -> Speed | No
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": builder.build(first + k, n_tok)[0]}],
                                            tokenize=False, add_generation_prompt=True)
              for k in range(probe_prompts(POINT_PROBE_BATCHES, 1))]
-    return probe(server.url, texts, n_tok, out_tokens=POINT_PROBE_OUT_TOKENS, batches=POINT_PROBE_BATCHES, repeats=1)
+    try:
+        return probe(server.url, texts, n_tok, out_tokens=POINT_PROBE_OUT_TOKENS, batches=POINT_PROBE_BATCHES,
+                     repeats=1)
+    except ProbeError as exc:  # the server stopped answering: this system fails, the sweep goes on
+        raise ServerError(str(exc)) from exc
 
 
 class Sweep:
@@ -308,7 +312,12 @@ def execute(plan: Plan, tokenizer: Any) -> dict[str, Any]:
             doc["config"] = describe(plan, prepare_files(plan, tokenizer))
             return _finish(plan, doc, sweep, t_start)
         if plan.calibrate:
-            plan = calibrate(sweep, first, tokenizer, t_start)
+            try:
+                plan = calibrate(sweep, first, tokenizer, t_start)
+            except ProbeError as exc:  # nothing to derive the SLOs and rates from: stop, saying why
+                doc["errors"]["calibration"] = str(exc)
+                doc["config"] = describe(plan, prepare_files(plan, tokenizer))
+                return _finish(plan, doc, sweep, t_start)
             pairs = pairs_for(plan.systems) if plan.paired else []  # ours' flags now carry the calibrated SLOs
         doc["config"] = describe(plan, prepare_files(plan, tokenizer))
         doc["config"] |= {"order": "paired" if plan.paired else plan.options.order, "repeats": plan.repeats,
@@ -367,27 +376,14 @@ def multi_run(plan: Plan) -> bool:
 def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
     doc["recompute_tax"] = {name: recompute.pooled_tax(pts) for name, pts in results.items()}
-    twin = noise_twin_name("sglang")
-    if multi_run(plan):
-        try:
-            pairs = [(a.name, b.name) for a, b in pairs_for(plan.systems)]
-        except ValueError:  # one system repeated: pooled figures only, nothing to compare
-            pairs = []
-        doc["comparisons"] = comparisons(results, pairs)
-    else:
-        if plan.noise and "sglang" in results and twin in results:
-            doc["noise_band"] = noise_band(results, "sglang", twin)
-        ours = [s.name for s in plan.systems if s.ours and s.name in results]
-        if "sglang" in results and ours:
-            doc["targets_by_system"] = {name: check_targets(results, "sglang", name) for name in ours}
-            doc["targets"] = doc["targets_by_system"][ours[0]]
+    try:
+        compared = [(a.name, b.name) for a, b in pairs_for(plan.systems)] if multi_run(plan) else []
+    except ValueError:  # one system repeated: pooled figures only, nothing to compare
+        compared = []
+    doc["config"].setdefault("repeats", plan.repeats)
+    record_roles(doc["config"], [s.name for s in plan.systems if s.ours], compared)
+    analyse(doc, plan.out_dir)
     save(plan, doc)
-    if results:
-        title = f"{plan.profile.name} / {plan.workload}: {doc['config']['machine'].get('cpu', '')}"
-        if multi_run(plan):
-            title += f" (pooled over {plan.repeats} repeat(s){', paired' if plan.paired else ''})"
-        plot(pooled_results(results) if multi_run(plan) else results, plan.out_dir / "attainment.png", title)
-    (plan.out_dir / "table.md").write_text(render_markdown(doc))
 
 
 def save(plan: Plan, doc: dict[str, Any]) -> None:

@@ -167,11 +167,18 @@ def _planes_why_not(planes: list[torch.Tensor], what: str) -> str | None:
     return None
 
 
+# SGLang KV quant methods whose codes are the whole KV (per-tensor scales live on the layer, as
+# with fp8 on CUDA): nothing per token besides the K/V rows, so a rotation that moves them is whole
+CODES_ONLY_QUANT_METHODS = ("cpu_fp8_e4m3",)
+
+
 def _quantized(pool: Any) -> bool:
+    """A quant method that may keep per-token state DuplexKV does not move."""
     try:
-        return bool(getattr(pool, "is_quantized_kv_cache", False))
+        quantized = bool(getattr(pool, "is_quantized_kv_cache", False))
     except AttributeError:  # a pool built without a quant method
         return False
+    return quantized and getattr(getattr(pool, "quant_method", None), "name", None) not in CODES_ONLY_QUANT_METHODS
 
 
 def _dcp_span(pool: Any) -> int:

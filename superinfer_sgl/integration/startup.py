@@ -62,9 +62,15 @@ def open_engine(sched: Any, cfg: SuperInferConfig,
         logger.warning("superinfer: rotation disabled: %s", exc)
         return EngineSetup(None, str(exc))
     formats = cfg.rotary_kv_formats()  # --rotary-kv-dtype first, then the classes' own precisions
+    if formats != ("auto",) and dev.dtype.itemsize < 2:
+        # SGLang chose a 1-byte KV cache itself (the checkpoint's kv_cache_quant_algo under
+        # --kv-cache-dtype auto, which the launch check passed): it cannot be quantized further
+        logger.warning("superinfer: the device KV cache is %s already (SGLang's choice for this checkpoint); "
+                       "rotating it exactly, not as %s", dev.dtype, ", ".join(f for f in formats if f != "auto"))
+        formats = ("auto",)
     gb = host_pool_gib(sched, cfg, broadcast)
     if len(formats) == 1:
-        host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, cfg.rotary_kv_dtype,  # ValueError: fp8 device KV
+        host = HostKVPool.for_device(dev, cfg.rotary_block_tokens, formats[0],
                                      free_ram_fraction=DEFAULT_HOST_RAM_FRACTION, gb=gb)
         engine = RotationEngine(dev, host, cfg.kv_transfer)
     else:  # a host pool and an engine per precision; requests routed by class (duplexkv/by_format.py)

@@ -174,7 +174,7 @@ def test_report_is_rebuilt_from_ab_json_alone(tmp_path: Path) -> None:
     """`ab_bench.py --report DIR`: statistics, table and plot again from a finished run's ab.json."""
     import json
 
-    from superinfer_sgl.bench.report import rereport
+    from superinfer_sgl.bench.analysis import rereport
 
     results = {"sglang": [], "superinfer": []}
     for k in range(2):
