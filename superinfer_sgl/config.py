@@ -155,7 +155,8 @@ class SuperInferConfig:
             _require(math.isfinite(self.running_reserve) and 0 < self.running_reserve <= 1, "running_reserve",
                      "must be in (0, 1]")
         if self.rotation_budget_blocks is not None:
-            _require(self.rotation_budget_blocks >= 0, "rotation_budget_blocks", "must be >= 0")
+            # 0 would leave what a decode shortage or a chunk's room rotates out stranded while anything ran
+            _require(self.rotation_budget_blocks >= 1, "rotation_budget_blocks", "must be >= 1")
         _require(self.rotary_block_tokens >= 1, "rotary_block_tokens", "must be >= 1")
         if self.prefix_host_tokens is not None:
             _require(self.prefix_host_tokens >= 0, "prefix_host_tokens", "must be >= 0 (0: off) or auto")

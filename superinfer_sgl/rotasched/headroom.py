@@ -2,8 +2,10 @@
 
 Pure Python over the policy's own request views (no SGLang, no torch): the integration layer
 (`integration/step_figures.py`) builds the views from the running server and `integration/metrics.py`
-exports the figures as Prometheus gauges. The same rules as the scheduler's, so a replica's "at risk" count is exactly the
-requests its goodput policy already treats as best-effort:
+exports the figures as Prometheus gauges. The same rules as the scheduler's tiers (`goodput.tier`,
+`goodput.lost`), so a replica's "at risk" count is the requests past saving by those rules; not
+counted: viable requests that TTFT shedding serves best-effort this step (a choice among savable
+ones, not a loss yet):
 
 - `queue_vlt_max`: the largest Virtual Lag Time among waiting and rotary requests, in seconds past
   each one's slack: VLT without the scheduler's weight on a paused request's lag (`alpha`, a

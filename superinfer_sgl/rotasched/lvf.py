@@ -69,7 +69,8 @@ def lvf_decide(
     """Decide admissions, resumes and rotate-outs for one scheduler iteration.
 
     Guarantees: admitted+resumed blocks <= free_blocks + rotated-out blocks; resumed
-    blocks <= budget_blocks and rotated-out blocks <= min(budget_blocks, host_room_blocks);
+    blocks <= budget_blocks (or one request over the whole budget, resumed alone: `_fcfs`,
+    `_HeadScan`) and rotated-out blocks <= min(budget_blocks, host_room_blocks);
     nobody with VLT < 0 moves in; nobody is rotated out unless an urgent request (VLT > 0 and
     not best-effort, or promoted) moves in.
 
@@ -113,13 +114,15 @@ def idle_resume(decision: Decision, views: Sequence[ReqView] | StepQueue, now: f
 
 
 def _fcfs(pending: list[ReqView], budget: int) -> Decision:
-    """Step 1: memory covers everyone, so arrival order is fair; only resumes pay budget."""
+    """Step 1: memory covers everyone, so arrival order is fair; only resumes pay budget. A
+    request needing more than the whole budget resumes alone (the step's first resume): skipped,
+    it would wait for contention or an idle server while memory sat free."""
     pending = sorted(pending, key=lambda v: (v.arrival, v.rid))
     admit = [v.rid for v in pending if v.state is _WAITING]
     resume: list[str] = []
     inbound = 0
     for v in pending:
-        if v.state is _ROTARY and inbound + v.blocks_needed <= budget:
+        if v.state is _ROTARY and (inbound + v.blocks_needed <= budget or not resume):
             resume.append(v.rid)
             inbound += v.blocks_needed
     return Decision(tuple(admit), tuple(resume), (), contention=False)
@@ -227,7 +230,9 @@ class _HeadScan:
     (more than `wall`, all memory requests can hold): skipping it would let every smaller request
     behind it take the memory it waits for, and when rotation cannot make room (young victims,
     the budget) it would starve. Resumes also spend the inbound rotation budget; one over it is
-    skipped, not waited for.
+    skipped, not waited for, unless PROMOTED (it has waited its bound) and over the whole budget:
+    it resumes alone, as the step's first resume (skipped, it could come back only once nothing
+    ran; its need counts its decode reserve, which is never copied).
 
     The policy may also queue prefills: a VIABLE waiting request it `defers` (e.g. it cannot get
     its first token in time behind the prefills already chosen) moves to the end as best-effort.
@@ -265,13 +270,15 @@ class _HeadScan:
                 deferred.append((BEST_EFFORT, key, arrival, rid, view, hot))
                 continue
             need = view.blocks_needed
+            rotary = view.state is _ROTARY
+            alone = rotary and not inbound and tier == PROMOTED  # over the budget, it may come in alone
             if need > (cap - used if urgent else max(0, free - used)):
                 queued = urgent or (queues_best_effort and tier == BEST_EFFORT)
-                if queued and self.within_wall(need) and not (view.state is _ROTARY and need > budget):
+                if queued and self.within_wall(need) and (not rotary or need <= budget or alone):
                     return chosen, used, view.rid
                 continue
-            if view.state is _ROTARY:
-                if inbound + need > budget:
+            if rotary:
+                if inbound + need > budget and not alone:
                     continue
                 inbound += need
             else:

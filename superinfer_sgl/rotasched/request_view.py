@@ -51,9 +51,10 @@ class ReqView:
     # Outputs it may still produce (max_new_tokens less those produced), clipped as SGLang clips
     # its decode reserve (4096): past that a server cannot tell long from unbounded.
     outputs_left: int = 0
-    # `outputs_left` is exact (a fixed-length, ignore_eos request), not an upper bound: what the
-    # goodput policy's TTFT shedding may count as the request's decode work (goodput.shed), and
-    # whether its gap budget `misses_left` may be counted on (step_size.spare_misses).
+    # Its length is known (a fixed-length, ignore_eos request), not an upper bound: `outputs_left`
+    # is exact up to the clip (a lower bound past it), what the goodput policy's TTFT shedding may
+    # count as its decode work (goodput.shed); and its gap budget `misses_left`, counted from the
+    # unclipped length, may be counted on (step_size.spare_misses).
     outputs_known: bool = False
 
     def __init__(

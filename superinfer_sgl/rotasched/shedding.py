@@ -39,7 +39,8 @@ def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | No
     share of the device (`decode_share_s` per output token: a decode step over the running batch);
     when one would miss its deadline behind the work kept so far, the kept request with the most
     work per unit of its class weight (itself, possibly) is dropped (Moore and Hodgson's rule; the
-    weight, as everywhere in the policy, says who wins when not everyone can). A request of unknown
+    weight, as everywhere in the policy, says who wins when not everyone can), or the late one
+    itself where dropping that one would not put it on time. A request of unknown
     length (one that may stop at EOS: its `outputs_left` is only the bound max_new_tokens sets)
     counts `eos_share` of that bound (`rotasched.output_share`; 0: its prompt only)."""
     out: set[str] = set()
@@ -51,10 +52,23 @@ def shed(views: Iterable[ReqView], now: float, costs: StepCosts, chunk: int | No
         tokens += v.prefill_tokens
         outputs += known
         work = costs.prefill_s_per_token * v.prefill_tokens + decode_share_s * known
-        heapq.heappush(kept, (-work / v.weight, -i, v))
-        first = now + prefill_time_s(tokens, costs, chunk) + decode_share_s * (outputs - known) + costs.decode_step_s
-        if first > v.arrival + v.ttft_slo:
-            big = heapq.heappop(kept)[2]
+        mine = (-work / v.weight, -i, v)
+        heapq.heappush(kept, mine)
+        deadline = v.arrival + v.ttft_slo
+        if now + prefill_time_s(tokens, costs, chunk) + decode_share_s * (outputs - known) + costs.decode_step_s > deadline:
+            top = heapq.heappop(kept)
+            big = top[2]
+            if big is not v:
+                # Moore and Hodgson's one removal puts v on time only without weights and decode
+                # shares (a kept request's decoding delays those behind it, not itself): where v
+                # would still be late, v goes instead, and the kept ones stay as they were
+                less = expected_outputs(big, eos_share)
+                if now + prefill_time_s(tokens - big.prefill_tokens, costs, chunk) + \
+                        decode_share_s * (outputs - known - less) + costs.decode_step_s > deadline:
+                    heapq.heappush(kept, top)
+                    kept.remove(mine)
+                    heapq.heapify(kept)
+                    big = v
             tokens -= big.prefill_tokens
             outputs -= expected_outputs(big, eos_share)
             out.add(big.rid)

@@ -31,6 +31,10 @@ MAX_SLO_MS = 1e9
 # The shortest: 0.001 ms. Below ~1e-321 ms the policy's seconds (ms / 1000) are 0.0, which the views
 # refuse by assertion inside the scheduler; nothing served is within a microsecond anyway.
 MIN_SLO_MS = 1e-3
+# A class weight's range: the policy divides slack by weights and multiplies work by them, so a
+# weight near the float range's ends (1e-310, 1e308 were accepted) ranked its class at +-inf, out of
+# deadline order; a millionfold between classes says all a weight can.
+MIN_WEIGHT, MAX_WEIGHT = 1e-3, 1e3
 # A number of milliseconds as text (a header, or a string in `custom_params`): ASCII decimal, no
 # "_" separators; the sign is allowed so "-5" reads as "must be > 0".
 NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
@@ -53,7 +57,8 @@ class SloError(ValueError):
 
 
 SLO_KEYS = (SLO_CLASS_KEY, TTFT_KEY, TBT_KEY)
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+# camelCase and acronyms: sloClass, SLOClass, TTFTSloMs -> slo class, slo class, ttft slo ms
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD_SEP = re.compile(r"[^a-z0-9]+")
 
 
@@ -61,11 +66,12 @@ _LATENCY_WORDS = ("ttft", "tbt", "tpot")
 
 
 def looks_like_slo_key(key: str) -> bool:
-    """Whether `key` reads as an SLO key: `slo` is one of its words (split at non-alphanumerics
-    and camelCase), or its first word is ttft, tbt or tpot. `slo_clas`, `ttft-slo-ms`,
-    `sloClass`, `ttft_ms`, `tpot_slo_ms` yes; `slot_id`, `isolation`, `thinking_budget` no."""
+    """Whether `key` reads as an SLO key: `slo` is one of its words (split at non-alphanumerics,
+    camelCase and acronyms), or its first word starts with ttft, tbt or tpot (an acronym run such
+    as TBTSLO is one word). `slo_clas`, `ttft-slo-ms`, `sloClass`, `SLOClass`, `TBTSLOMs`,
+    `ttft_ms`, `tpot_slo_ms` yes; `slot_id`, `isolation`, `thinking_budget` no."""
     words = [w for w in _WORD_SEP.split(_CAMEL.sub("_", key).lower()) if w]
-    return "slo" in words or (bool(words) and words[0] in _LATENCY_WORDS)
+    return "slo" in words or (bool(words) and words[0].startswith(_LATENCY_WORDS))
 
 
 def check_slo_keys(custom_params: object) -> None:
@@ -80,7 +86,7 @@ def check_slo_keys(custom_params: object) -> None:
 
 
 def _positive(field: str, value: object) -> float:
-    """A finite number > 0 (a weight), or SloError naming `field`."""
+    """A weight: a finite number in MIN_WEIGHT..MAX_WEIGHT, or SloError naming `field`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SloError(field, f"expected a number, got {type(value).__name__}")
     try:
@@ -89,6 +95,8 @@ def _positive(field: str, value: object) -> float:
         raise SloError(field, "number is too large") from None
     if not math.isfinite(number) or number <= 0:
         raise SloError(field, f"must be finite and > 0, got {value}")
+    if not MIN_WEIGHT <= number <= MAX_WEIGHT:
+        raise SloError(field, f"must be within {MIN_WEIGHT:g}..{MAX_WEIGHT:g}, got {value}")
     return number
 
 

@@ -89,7 +89,7 @@ def view(clk: ReqClock, state: ReqState, need: int, held: int, rotatable: bool, 
     return ReqView(clk.rid, state, clk.arrival, clk.last_token, clk.run_start if state is _RUNNING else None,
                    slo.ttft_ms / 1000.0, slo.tbt_ms / 1000.0, need, held, rotatable,
                    prefill_tokens if prefill_tokens > 0 else 0, clk.misses_left(left), clk.ttft_met,
-                   slo.weight, left if left < clip else clip, fixed and left <= clip)
+                   slo.weight, left if left < clip else clip, fixed)
 
 
 @dataclass(frozen=True, slots=True)

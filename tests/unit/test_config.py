@@ -60,6 +60,7 @@ def test_config_is_frozen() -> None:
         ("vlt_beta_ttft", float("nan"), "--vlt-beta-ttft"),
         ("vlt_beta_tbt", -0.5, "--vlt-beta-tbt"),
         ("rotation_budget_blocks", -1, "--rotation-budget-blocks"),
+        ("rotation_budget_blocks", 0, "--rotation-budget-blocks"),
         ("rotary_block_tokens", 0, "--rotary-block-tokens"),
         ("rotary_block_tokens", -16, "--rotary-block-tokens"),
         ("rotary_pool_gb", 0.0, "--rotary-pool-gb"),
@@ -82,10 +83,10 @@ def test_infinite_slo_is_rejected_like_slo_does(field: str) -> None:
 
 def test_boundary_values_are_valid() -> None:
     cfg = SuperInferConfig(
-        vlt_beta_ttft=0.0, vlt_beta_tbt=0.0, rotation_budget_blocks=0, rotary_block_tokens=1,
+        vlt_beta_ttft=0.0, vlt_beta_tbt=0.0, rotation_budget_blocks=1, rotary_block_tokens=1,
         rotary_pool_gb=0.5, ttft_slo_ms=1e-3, tbt_slo_ms=1e-3, vlt_alpha=1e-6,
     )
-    assert cfg.rotation_budget_blocks == 0 and cfg.rotary_block_tokens == 1
+    assert cfg.rotation_budget_blocks == 1 and cfg.rotary_block_tokens == 1
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
