@@ -13,7 +13,12 @@ export PYTHONPATH=$R/site${PYTHONPATH:+:$PYTHONPATH}
 gpu_stack_setup() {
   mkdir -p "$R"
   [ -d "$R/site" ] || tar -C "$R" -xJf "$B/sgl523_t211_site.tar.xz" || { echo "bundle unpack failed" >&2; return 1; }
-  [ -d "$R/model" ] || tar -C "$R" -xJf "$B/model.tar.xz" || { echo "model unpack failed" >&2; return 1; }
+  # the model's config and tokenizer: model.tar.xz (holding model/) or a model/ folder, as bringup.sh takes
+  if [ ! -d "$R/model" ]; then
+    if [ -f "$B/model.tar.xz" ]; then tar -C "$R" -xJf "$B/model.tar.xz" || { echo "model unpack failed" >&2; return 1; }
+    elif [ -d "$B/model" ]; then cp -r "$B/model" "$R/model" || { echo "model copy failed" >&2; return 1; }
+    else echo "no model in $B: model.tar.xz or model/ (../shared/gpu/README.md)" >&2; return 1; fi
+  fi
   # SGLang 0.5.23 builds a DualGemm for every Llama MLP on CUDA and imports its Blackwell-only CuTe DSL
   # kernel module for that, which needs nvidia-cutlass-dsl (not in the image, too large to carry). On Hopper
   # the kernel is never usable (tcgen05), so where cutlass is missing a module that says so stands in.

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +60,27 @@ class ProgressLines:
         pass
 
 
+def _without_datasets() -> None:
+    """bench_serving imports every dataset loader, and its MMMU one imports Hugging Face `datasets`
+    at module level; the GPU machine has no `datasets`, and our runs read the openai dataset only.
+    Where it is missing, a module whose load_dataset says so stands in."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        def load_dataset(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("Hugging Face `datasets` is not installed; the A/B's load generator reads "
+                               "the openai dataset only")
+
+        stand_in = types.ModuleType("datasets")
+        stand_in.load_dataset = load_dataset  # type: ignore[attr-defined]
+        sys.modules["datasets"] = stand_in
+
+
 def child_main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[0] != "--ab-schedule" or argv[2] != "--":
         raise SystemExit("usage: python -m superinfer_sgl.bench.client --ab-schedule FILE -- <bench_serving args>")
     arrivals = json.loads(Path(argv[1]).read_text())["arrivals_s"]
+    _without_datasets()
     from sglang.benchmark import serving
 
     serving.get_request = scheduled_get_request(arrivals)

@@ -139,13 +139,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def make_dummy_model(shape: str, tokenizer_dir: Path, out_dir: Path) -> Path:
-    """A model folder of the given shape: config.json + the SmolLM2 tokenizer (weights: dummy)."""
+    """A model folder of the given shape: config.json + the SmolLM2 tokenizer (weights: dummy). The
+    vocabulary is the tokenizer's (49,152 for SmolLM2): ids past it decode to nothing, so a random
+    model of Llama 3's 128,256 streams empty chunks the load generator never counts (and a smaller
+    one, Mixtral's 32,000, would index past its embedding with SmolLM2's prompt ids)."""
     if shape not in DUMMY_SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; known: {sorted(DUMMY_SHAPES)}")
     target = out_dir / f"dummy-{shape}"
     target.mkdir(parents=True, exist_ok=True)
     tok_cfg = json.loads((tokenizer_dir / "config.json").read_text())
-    cfg = {**DUMMY_SHAPES[shape], "bos_token_id": tok_cfg.get("bos_token_id", 1),
+    cfg = {**DUMMY_SHAPES[shape], "vocab_size": tok_cfg.get("vocab_size", DUMMY_SHAPES[shape]["vocab_size"]),
+           "bos_token_id": tok_cfg.get("bos_token_id", 1),
            "eos_token_id": tok_cfg.get("eos_token_id", 2), "pad_token_id": tok_cfg.get("pad_token_id", 2)}
     (target / "config.json").write_text(json.dumps(cfg, indent=2))
     for name in TOKENIZER_FILES:

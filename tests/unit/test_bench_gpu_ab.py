@@ -139,26 +139,56 @@ def test_timeline_from_stage_lines(tmp_path: Path) -> None:
     assert doc["total_s"] == 330 and doc["within_limit"] and not doc["ok"]
 
 
-def test_fallback_only_when_the_first_server_was_not_up_in_time(tmp_path: Path) -> None:
+def test_fallback_when_the_first_server_did_not_start(tmp_path: Path) -> None:
+    """Not up in time, or exited (a crash in graph capture loses the A/B otherwise); not once a
+    point has run."""
     slow = {"results": {"sglang": [], "superinfer": []},
             "errors": {"sglang": "sglang not ready after 200s:\n...", "sweep": "stopped: the first system (sglang) did not start"}}
     crashed = {"results": {"sglang": []}, "errors": {"sglang": "sglang exited with 1:\nTraceback",
                                                      "sweep": "stopped: the first system (sglang) did not start"}}
     ran = {"results": {"sglang": [{}]}, "errors": {}}
-    assert gpu_ab.needs_fallback(slow) and not gpu_ab.needs_fallback(crashed) and not gpu_ab.needs_fallback(ran)
+    assert gpu_ab.needs_fallback(slow) and gpu_ab.needs_fallback(crashed) and not gpu_ab.needs_fallback(ran)
     path = tmp_path / "ab.json"
-    path.write_text(json.dumps(slow))
+    path.write_text(json.dumps(crashed))
     cmd = [sys.executable, "-m", "superinfer_sgl.bench.gpu_ab", "needs-fallback", str(path)]
     assert subprocess.run(cmd, cwd=tmp_path).returncode == 0
-    path.write_text(json.dumps(crashed))
+    path.write_text(json.dumps(ran))
     assert subprocess.run(cmd, cwd=tmp_path).returncode == 1
 
 
 def test_the_script_parses_and_names_what_the_issue_asks() -> None:
     script = (REPO / "scripts" / "gpu_ab.sh").read_text()
     assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_ab.sh")]).returncode == 0
-    for needle in ("LIMIT=${LIMIT:-420}", "--systems sglang,superinfer,superinfer-paper", "--kv-tokens 16384",
-                   "--num-requests 150", "--cuda-graph-max-bs-decode 64", "--calibrate", "--ready-timeout",
+    for needle in ("LIMIT=${LIMIT:-480}", "--systems sglang,superinfer \\", "--kv-tokens 16384",
+                   "--num-requests 150", "--cuda-graph-max-bs-decode 64 --cuda-graph-backend-prefill disabled",
+                   "--calibrate", "--ready-timeout",
                    "needs-fallback", "superinfer_sgl.bench.kv_transfer", "gpu_stack.sh"):
         assert needle in script, needle
     assert "PYTHONDONTWRITEBYTECODE=1" not in (REPO / "scripts" / "gpu_stack.sh").read_text()
+
+
+def test_the_load_generator_imports_without_hugging_face_datasets() -> None:
+    """The GPU machine has no `datasets`; bench_serving imports it through its MMMU loader, and every
+    point of every system failed there (ClientError) while the CPU smoke, which has it, passed."""
+    code = ("import sys; sys.modules['datasets'] = None\n"  # as if not installed: importing it raises
+            "from superinfer_sgl.bench.client import _without_datasets\n"
+            "_without_datasets()\n"
+            "from sglang.benchmark import serving\n"
+            "import datasets\n"
+            "try:\n    datasets.load_dataset('MMMU/MMMU')\nexcept RuntimeError as e:\n    print('says:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "says: Hugging Face `datasets` is not installed" in proc.stdout
+
+
+def test_dummy_models_speak_their_tokenizers_vocabulary(tmp_path: Path) -> None:
+    """Llama 3's 128,256 ids over SmolLM2's 49,152-token tokenizer: ids past it decode to nothing and
+    the load generator counts no token."""
+    from superinfer_sgl.bench.profiles import DUMMY_SHAPES, make_dummy_model
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "config.json").write_text(json.dumps({"vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}))
+    for shape in ("llama3-8b", "mixtral-8x7b"):
+        cfg = json.loads((make_dummy_model(shape, tok, tmp_path) / "config.json").read_text())
+        assert cfg["vocab_size"] == 49152 and cfg["hidden_size"] == DUMMY_SHAPES[shape]["hidden_size"]
