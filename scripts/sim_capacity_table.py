@@ -3,7 +3,9 @@ SLO pairs, in the simulator; the capacity ratio of each policy to stock SGLang's
 
 Workloads: ShareGPT-like lengths and both Azure LLM inference traces 2023 (Azure Public Dataset,
 CC-BY 4.0; Patel et al., Splitwise, ISCA 2024), re-timed to each rate. SGLang's mixed chunk is on
-for every policy, as in the goodput sweep. Requests are fixed-length (ignore_eos, as the paper's
+for every policy, as in the goodput sweep, unless a policy is named POLICY:no-mix (stock SGLang's
+own default is off: `--policy sglang --policy sglang:no-mix` gives stock both ways, and the table
+then compares every policy with stock's better one). Requests are fixed-length (ignore_eos, as the paper's
 benchmarks run) unless --no-ignore-eos (optionally with a --max-new-tokens bound above their
 lengths). Writes capacity.json and table.md into --out.
 
@@ -23,13 +25,16 @@ from superinfer_sgl.sim.runner import Job
 PROFILES = ("gh200-qwen2.5-32b", "h100-pcie5-qwen2.5-32b")
 WORKLOADS = ("sharegpt-like", "azure:conv", "azure:code")
 SLOS = ((5.0, 0.1), (1.0, 0.05))  # (TTFT s, TBT s): the paper's pair and a tight one
+NO_MIX = "no-mix"
+STOCK_WAYS = ("sglang", "sglang:" + NO_MIX)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", action="append",
                     help="repeatable; POLICY@SHARE runs it with --running-reserve SHARE (e.g. goodput@1: "
-                         "SGLang's whole decode reserve); default: sglang, paper, goodput@1, goodput")
+                         "SGLang's whole decode reserve), POLICY:no-mix without mixed chunk (sglang:no-mix: "
+                         "stock as SGLang ships it); default: sglang, paper, goodput@1, goodput")
     ap.add_argument("--profile", action="append",
                     help="repeatable; default: the two measured GPU profiles (the MoE and MLA ones: "
                          "h200-mixtral-8x7b, h100-deepseek-v2-lite)")
@@ -62,8 +67,12 @@ def main() -> None:
                 base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True,
                            ignore_eos=not a.no_ignore_eos, max_new_tokens=a.max_new_tokens)
                 for pol in policies:
-                    name, _, share = pol.partition("@")
-                    job = replace(base, policy=name, running_reserve=float(share) if share else None)
+                    spec, _, mode = pol.partition(":")
+                    if mode not in ("", NO_MIX):
+                        ap.error(f"--policy {pol}: the only mode is :{NO_MIX}")
+                    name, _, share = spec.partition("@")
+                    job = replace(base, policy=name, running_reserve=float(share) if share else None,
+                                  mixed_chunk=mode != NO_MIX)
                     r = policy_capacity(job, grid, a.seeds, a.jobs, a.slo_rule)
                     r.update(policy=pol, profile=profile, workload=workload, slo=[ttft, tbt])
                     rows.append(r)
@@ -83,17 +92,21 @@ def slo_pair(text: str) -> tuple[float, float]:
 
 
 def table(rows: list[dict], policies: list[str]) -> str:
-    head = "| profile | workload | SLO | " + " | ".join(f"{p} req/s" for p in policies) + " | " + \
-        " | ".join(f"{p} / sglang" for p in policies if p != "sglang") + " |"
+    """Ratios against stock: `sglang`, or the better of `sglang` and `sglang:no-mix` where both ran."""
+    both = all(p in policies for p in STOCK_WAYS)
+    ref = "best stock" if both else "sglang"
+    compared = [p for p in policies if p not in STOCK_WAYS]
+    head = "| profile | workload | SLO | " + " | ".join(f"{p} req/s" for p in policies) + " |" + \
+        "".join(f" {p} / {ref} |" for p in compared)
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     keys = sorted({(r["profile"], r["workload"], tuple(r["slo"])) for r in rows}, key=str)
     for key in keys:
         by = {r["policy"]: r["capacity_req_s"] for r in rows if (r["profile"], r["workload"], tuple(r["slo"])) == key}
-        stock = by.get("sglang")
+        stock = max((by.get(p) or 0.0 for p in STOCK_WAYS), default=0.0) if both else by.get("sglang")
         # "-": not run in this cell; "<0.05": below the grid's lowest rate
         caps = " | ".join("-" if p not in by else "<0.05" if by[p] is None else f"{by[p]:.2f}" for p in policies)
-        ratios = " | ".join(f"{by[p] / stock:.2f}x" if stock and by.get(p) else "-" for p in policies if p != "sglang")
-        lines.append(f"| {key[0]} | {key[1]} | {key[2][0]:g} s / {1000 * key[2][1]:g} ms | {caps} | {ratios} |")
+        ratios = "".join(f" {by[p] / stock:.2f}x |" if stock and by.get(p) else " - |" for p in compared)
+        lines.append(f"| {key[0]} | {key[1]} | {key[2][0]:g} s / {1000 * key[2][1]:g} ms | {caps} |{ratios}")
     return "\n".join(lines)
 
 

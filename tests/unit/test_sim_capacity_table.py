@@ -35,3 +35,15 @@ def test_table_ratios_against_stock() -> None:
 def test_table_marks_cells_not_run_apart_from_capacities_below_the_grid() -> None:
     rows = [{"profile": "p", "workload": "w", "slo": [5.0, 0.1], "policy": "sglang", "capacity_req_s": None}]
     assert sct.table(rows, ["sglang", "oracle"]).splitlines()[-1] == "| p | w | 5 s / 100 ms | <0.05 | - | - |"
+
+
+def test_table_compares_with_stocks_better_way_when_both_ran() -> None:
+    """Stock SGLang ships without mixed chunk; simulated with it, it lost capacity on long prompts
+    (GH200 Azure conv): with both ways run, every ratio is against the better one."""
+    cell = {"profile": "p", "workload": "w", "slo": [1.0, 0.05]}
+    rows = [{**cell, "policy": "sglang", "capacity_req_s": 2.0},
+            {**cell, "policy": "sglang:no-mix", "capacity_req_s": 2.5},
+            {**cell, "policy": "goodput", "capacity_req_s": 3.5}]
+    lines = sct.table(rows, ["sglang", "sglang:no-mix", "goodput"]).splitlines()
+    assert lines[0].endswith("| goodput / best stock |")
+    assert lines[-1] == "| p | w | 1 s / 50 ms | 2.00 | 2.50 | 3.50 | 1.40x |"
