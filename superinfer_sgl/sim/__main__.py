@@ -86,8 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--profile", default="gh200-qwen2.5-32b", help="profiles/<name>.json or a path")
     pl.add_argument("--class", dest="classes", action="append", required=True, type=_mix_class,
                     metavar="NAME:rate=R,ttft_ms=T,tbt_ms=B[,weight=W]", help="repeatable: one SLO class and its rate")
-    pl.add_argument("--policy", action="append", choices=sorted(POLICIES),
-                    help="repeatable; default: goodput, sglang, sglang-priority")
+    pl.add_argument("--policy", action="append", type=_plan_policy, metavar="POLICY[:no-mix]",
+                    help=f"repeatable, one of {', '.join(sorted(POLICIES))}; POLICY:no-mix without SGLang's mixed "
+                         "chunk (stock SGLang's default); default: goodput, sglang, sglang:no-mix, sglang-priority")
     pl.add_argument("--target", type=float, default=0.9, help="share of each class's requests meeting both SLOs")
     pl.add_argument("--duration", type=_positive_float, default=120.0, help="seconds of arrivals per simulated rate")
     pl.add_argument("--seed", type=int, default=0)
@@ -199,7 +200,7 @@ def _capacity(a: argparse.Namespace) -> None:
 def _plan(a: argparse.Namespace) -> None:
     spec = plan.PlanSpec(a.profile, tuple(a.classes), a.duration, a.seed, a.seeds)
     grid = capacity.CapacityGrid(a.target, a.lo, a.hi, resolution=a.resolution, probes=a.probes)
-    rows = plan.plan(spec, a.policy or ["goodput", "sglang", "sglang-priority"], grid, a.jobs)
+    rows = plan.plan(spec, a.policy or ["goodput", "sglang", "sglang" + plan.NO_MIX, "sglang-priority"], grid, a.jobs)
     print(f"profile: {a.profile}; {sum(c.rate for c in a.classes):g} req/s: "
           + ", ".join(f"{c.name} {c.rate:g} req/s at {1000 * c.ttft_s:g} ms / {1000 * c.tbt_s:g} ms" for c in a.classes)
           + f"; every class at {100 * a.target:g}% joint attainment")
@@ -247,6 +248,13 @@ def _speed(a: argparse.Namespace) -> None:
                    "shared machine's load (loadavg: 1/5/15-min load average after each run)",
            "rows": rows}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _plan_policy(text: str) -> str:
+    if plan.base_policy(text) not in POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: {', '.join(sorted(POLICIES))} "
+                                         f"(each also as POLICY{plan.NO_MIX})")
+    return text
 
 
 def _mix_class(text: str) -> plan.MixClass:

@@ -130,9 +130,12 @@ class PlanSpec:
             raise ValueError(f"need seeds >= 1 and a finite duration > 0 (got {self.seeds}, {self.duration})")
 
     def config(self, policy: str) -> SimConfig:
+        """The settings a policy is planned with: the servers' (`configs`), else SGLang's mixed chunk
+        on, or off for POLICY:no-mix (stock SGLang ships it off; on long prompts it does better so)."""
         given = (self.configs or {}).get(policy)
         eos = bool(self.population and self.population.bounds)  # the server saw bounds, not lengths
-        return given if given is not None else Job("plan", policy, mixed_chunk=True, ignore_eos=not eos).config()
+        return given if given is not None else Job("plan", base_policy(policy), mixed_chunk=not policy.endswith(NO_MIX),
+                                                   ignore_eos=not eos).config()
 
     def worst_class_attainment(self, policy: str, classes: tuple[MixClass, ...], rate: float) -> float:
         """The lowest joint attainment of any class at `rate`, pooled over the seeds."""
@@ -143,7 +146,7 @@ class PlanSpec:
         met: dict[str, list[int]] = {c.name: [0, 0] for c in classes}
         for s in range(self.seed, self.seed + self.seeds):
             wl, names = mix_workload(classes, rate, self.duration, s, self.population)
-            sim = Simulator(wl, profile, make_policy(policy), config).run()
+            sim = Simulator(wl, profile, make_policy(base_policy(policy)), config).run()
             for row in request_outcomes(sim):
                 m = met[names[str(row["rid"])]]
                 m[0] += bool(row["ttft_met"] and row["tbt_met"])
@@ -153,6 +156,14 @@ class PlanSpec:
             raise ValueError(f"class {', '.join(empty)}: no request at {rate:g} req/s in {self.duration:g} s x "
                              f"{self.seeds} seed(s); give a longer --duration or more --seeds")
         return min(a / n for a, n in met.values())
+
+
+NO_MIX = ":no-mix"
+
+
+def base_policy(policy: str) -> str:
+    """The simulator's policy of a planned one (POLICY or POLICY:no-mix)."""
+    return policy.removesuffix(NO_MIX)
 
 
 def _attainment(args: tuple[PlanSpec, str, tuple[MixClass, ...], float]) -> float:
@@ -216,4 +227,5 @@ def plan_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MixClass", "PlanSpec", "Population", "mix_workload", "plan", "plan_table", "replica_capacity", "replicas"]
+__all__ = ["MixClass", "NO_MIX", "PlanSpec", "Population", "base_policy", "mix_workload", "plan", "plan_table",
+           "replica_capacity", "replicas"]

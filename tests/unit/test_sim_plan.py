@@ -46,3 +46,25 @@ def test_a_real_plan_on_the_cpu_profile() -> None:
     assert row["replicas_shared"] == math.ceil(2.0 / cap - 1e-9)
     assert row["replicas_separate"] == math.ceil(1.0 / alone["chat"] - 1e-9) + math.ceil(1.0 / alone["batch"] - 1e-9)
     assert "| sglang |" in plan_table(rows)
+
+
+def test_stock_is_planned_both_ways_of_mixed_chunk() -> None:
+    """Stock SGLang ships mixed chunk off; planned only with it, stock's replicas were those of a
+    setting it does not ship with (and on long prompts, not its better one)."""
+    from superinfer_sgl.sim.plan import NO_MIX, base_policy
+
+    spec = PlanSpec("cpu-smollm2-135m", (MixClass("chat", 1.0, 2.0, 0.2),), duration=20.0, seed=1)
+    assert spec.config("sglang").mixed_chunk and not spec.config("sglang" + NO_MIX).mixed_chunk
+    assert base_policy("sglang:no-mix") == "sglang" and base_policy("goodput") == "goodput"
+    grid = CapacityGrid(lo=0.2, hi=4.0, growth=1.6, resolution=0.1)
+    (row,) = plan(spec, ["sglang:no-mix"], grid)
+    assert row["policy"] == "sglang:no-mix" and row["capacity_per_replica_req_s"]
+
+
+def test_plan_cli_takes_no_mix_and_refuses_unknown_policies() -> None:
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "superinfer_sgl.sim", "plan", "--class", "chat:rate=1,ttft_ms=2000,tbt_ms=200"]
+    bad = subprocess.run([*base, "--policy", "sglang:fast"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown policy 'sglang:fast'" in bad.stderr
