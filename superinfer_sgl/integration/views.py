@@ -206,7 +206,9 @@ class StepViews:
         self._filed: dict[str, tuple[object, ...]] = {}  # rid -> key of its view in `pending`
         self._stale = True  # file every waiting and rotary request again at the next sync
         self._restored: frozenset[str] = frozenset()
-        self._rotary_ids: list[int] = []
+        # the rotary entries at the last sync, held (not their id()s: a freed entry's address is
+        # reused by the next one parked, and a changed set would read as the same)
+        self._rotary_entries: list[Any] = []
         self._rotary_rids: list[str] = []
         self._live: list[Any] = []  # the running batch at the last build, and its views as kept
         self._hits: list[_Running] = []
@@ -323,8 +325,8 @@ class StepViews:
         or changed."""
         back = frozenset(restored)
         every = self._stale or back != self._restored
-        rotary_ids = list(map(id, rotary.values()))
-        rotary_moved = every or rotary_ids != self._rotary_ids
+        entries = list(rotary.values())
+        rotary_moved = every or not same_objects(entries, self._rotary_entries)
         watch = self.watch
         changed, new, gone = watch.take()
         if not (every or changed or rotary_moved):
@@ -337,7 +339,7 @@ class StepViews:
             if rid in filed and rid not in queued and rid not in rotary:
                 del filed[rid]
                 pending.drop(rid)
-        self._stale, self._restored, self._rotary_ids = False, back, rotary_ids
+        self._stale, self._restored, self._rotary_entries = False, back, entries
         self._rotary_rids = list(rotary)
         waiting = sched.waiting_queue if every else new
         for rid, (key, view) in self._pending(clocks, back, waiting, rotary if rotary_moved else {}):
