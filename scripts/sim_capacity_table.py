@@ -18,15 +18,14 @@ import argparse
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from superinfer_sgl.sim import record
+from superinfer_sgl.sim import plan, record
 from superinfer_sgl.sim.capacity import SLO_RULE_HELP, SLO_RULES, CapacityGrid, policy_capacity
 from superinfer_sgl.sim.runner import Job
 
 PROFILES = ("gh200-qwen2.5-32b", "h100-pcie5-qwen2.5-32b")
 WORKLOADS = ("sharegpt-like", "azure:conv", "azure:code")
 SLOS = ((5.0, 0.1), (1.0, 0.05))  # (TTFT s, TBT s): the paper's pair and a tight one
-NO_MIX = "no-mix"
-STOCK_WAYS = ("sglang", "sglang:" + NO_MIX)
+STOCK_WAYS = ("sglang", "sglang" + plan.NO_MIX)
 
 
 def main() -> None:
@@ -67,12 +66,12 @@ def main() -> None:
                 base = Job(profile, policies[0], workload, grid.lo, a.duration, a.seed, ttft, tbt, mixed_chunk=True,
                            ignore_eos=not a.no_ignore_eos, max_new_tokens=a.max_new_tokens)
                 for pol in policies:
-                    spec, _, mode = pol.partition(":")
-                    if mode not in ("", NO_MIX):
-                        ap.error(f"--policy {pol}: the only mode is :{NO_MIX}")
+                    spec = plan.base_policy(pol)
+                    if ":" in spec:
+                        ap.error(f"--policy {pol}: the only mode is {plan.NO_MIX}")
                     name, _, share = spec.partition("@")
                     job = replace(base, policy=name, running_reserve=float(share) if share else None,
-                                  mixed_chunk=mode != NO_MIX)
+                                  mixed_chunk=plan.mixed_chunk(pol))
                     r = policy_capacity(job, grid, a.seeds, a.jobs, a.slo_rule)
                     r.update(policy=pol, profile=profile, workload=workload, slo=[ttft, tbt])
                     rows.append(r)

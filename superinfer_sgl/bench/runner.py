@@ -30,7 +30,7 @@ from .paired import core_halves, pairs_for
 from .planning import Plan, SweepPoint, explicit_slos, for_repeat, mean_lengths, recalibrated
 from .prompts import PromptBuilder
 from .rundoc import dataset_for, describe, prepare_files
-from .analysis import analyse, record_roles
+from .analysis import analyse, multi_run, record_roles
 from .servers import ServerError, SystemSpec, launch
 from .workloads import offered_rate
 
@@ -368,20 +368,18 @@ def run_repeat(sweep: Sweep, plan: Plan, k: int, pairs: list[tuple[SystemSpec, S
             sweep.stop(spec)
 
 
-def multi_run(plan: Plan) -> bool:
-    """Several runs per system and rate (repeats, or ours beside each baseline): pooled reports."""
-    return plan.paired or plan.repeats > 1
-
-
 def finish(plan: Plan, doc: dict[str, Any]) -> None:
     results = {k: v for k, v in doc["results"].items() if v}
     doc["recompute_tax"] = {name: recompute.pooled_tax(pts) for name, pts in results.items()}
+    cfg = doc["config"]
+    cfg.setdefault("repeats", plan.repeats)
     try:
-        compared = [(a.name, b.name) for a, b in pairs_for(plan.systems)] if multi_run(plan) else []
+        pairs = pairs_for(plan.systems)
     except ValueError:  # one system repeated: pooled figures only, nothing to compare
-        compared = []
-    doc["config"].setdefault("repeats", plan.repeats)
-    record_roles(doc["config"], [s.name for s in plan.systems if s.ours], compared)
+        pairs = []
+    cfg.setdefault("pairs", [[a.name, b.name] for a, b in pairs] if plan.paired else [])
+    compared = [(a.name, b.name) for a, b in pairs] if multi_run(cfg) else []
+    record_roles(cfg, [s.name for s in plan.systems if s.ours], compared)
     analyse(doc, plan.out_dir)
     save(plan, doc)
 

@@ -134,7 +134,7 @@ class PlanSpec:
         on, or off for POLICY:no-mix (stock SGLang ships it off; on long prompts it does better so)."""
         given = (self.configs or {}).get(policy)
         eos = bool(self.population and self.population.bounds)  # the server saw bounds, not lengths
-        return given if given is not None else Job("plan", base_policy(policy), mixed_chunk=not policy.endswith(NO_MIX),
+        return given if given is not None else Job("plan", base_policy(policy), mixed_chunk=mixed_chunk(policy),
                                                    ignore_eos=not eos).config()
 
     def worst_class_attainment(self, policy: str, classes: tuple[MixClass, ...], rate: float) -> float:
@@ -164,6 +164,11 @@ NO_MIX = ":no-mix"
 def base_policy(policy: str) -> str:
     """The simulator's policy of a planned one (POLICY or POLICY:no-mix)."""
     return policy.removesuffix(NO_MIX)
+
+
+def mixed_chunk(policy: str) -> bool:
+    """Whether a planned policy runs with SGLang's mixed chunk (all but POLICY:no-mix)."""
+    return not policy.endswith(NO_MIX)
 
 
 def _attainment(args: tuple[PlanSpec, str, tuple[MixClass, ...], float]) -> float:
@@ -227,5 +232,5 @@ def plan_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MixClass", "NO_MIX", "PlanSpec", "Population", "base_policy", "mix_workload", "plan", "plan_table",
+__all__ = ["MixClass", "NO_MIX", "PlanSpec", "Population", "base_policy", "mix_workload", "mixed_chunk", "plan", "plan_table",
            "replica_capacity", "replicas"]
