@@ -39,10 +39,11 @@ def load() -> None:
 
         cpu_attention_backend.register()
     if cpu_fast_ops_enabled():  # with the attention; SUPERINFER_CPU_FAST_OPS=0 leaves these out
-        from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu,
-                                        silu_and_mul_cpu)
+        from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, packed_weights_refresh, rmsnorm_cpu,
+                                        rotary_forward_cpu, silu_and_mul_cpu)
 
-        for patch in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu, silu_and_mul_cpu):
+        for patch in (linear_packed_cpu, lm_head_packed_cpu, packed_weights_refresh, rmsnorm_cpu, rotary_forward_cpu,
+                      silu_and_mul_cpu):
             patch.register()
     from superinfer_patches import step_log
 

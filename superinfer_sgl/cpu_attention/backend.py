@@ -10,10 +10,13 @@ plan (init_forward_metadata); each layer then runs:
   that extend by exactly one token (every request of a resume-only batch, the decode rows of a
   mixed chunk) go through the batched decode kernel instead.
 
-Unsupported (raises UnsupportedAttentionError, at construction where the model shows it):
-sliding-window layers or pools, logit soft-capping, cross/encoder-only/bidirectional attention.
-Forward modes other than decode/extend/mixed/split-prefill (speculative verify, draft extend)
-fall back to the stock torch_native code.
+Left to the stock torch_native code, which implements them: sliding-window layers over a plain
+pool (it masks the window), cross-attention and encoder-only layers (per layer), and forward modes
+other than decode/extend/mixed/split-prefill (speculative verify, draft extend). Decode shapes the C
+kernel does not take go to the torch batched path (decided once, at construction). Refused
+(UnsupportedAttentionError, at construction where the model shows it): logit soft-capping, which
+stock torch_native would ignore; sliding-window KV pools, which it reads with the wrong slot ids
+(docs/models.md); and attention arguments neither backend takes (`sinks`, ...).
 """
 
 from __future__ import annotations
@@ -66,32 +69,41 @@ class ExtendStep:
 
 
 def check_layer(layer: RadixAttention) -> None:
-    """Raise for any attention feature this backend would silently get wrong."""
-    where = f"layer {layer.layer_id}"
-    if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
-        raise UnsupportedAttentionError(f"{where}: sliding-window attention is not supported")
+    """Raise for an attention feature that neither this backend nor stock torch_native computes
+    (stock would silently leave it out)."""
     if layer.logit_cap and layer.logit_cap > 0:
-        raise UnsupportedAttentionError(f"{where}: logit soft-capping ({layer.logit_cap}) is not supported")
-    if layer.is_cross_attention:
-        raise UnsupportedAttentionError(f"{where}: cross-attention is not supported")
-    if layer.attn_type != AttentionType.DECODER:
-        raise UnsupportedAttentionError(f"{where}: {layer.attn_type} attention is not supported")
+        raise UnsupportedAttentionError(f"layer {layer.layer_id}: logit soft-capping ({layer.logit_cap}) is not supported")
+
+
+def stock_layer(layer: RadixAttention) -> bool:
+    """A layer the stock torch_native code serves (its per-request SDPA implements them; the batched
+    plans here are plain causal decoder attention over the whole prefix)."""
+    return ((layer.sliding_window_size is not None and layer.sliding_window_size > -1)
+            or layer.is_cross_attention or layer.attn_type != AttentionType.DECODER)
+
+
+def _no_extra_args(layer: RadixAttention, kw: dict) -> None:
+    extra = sorted(k for k, v in kw.items() if v is not None and v is not False)
+    if extra:  # sinks, k_rope, return_lse, ...: stock torch_native takes none of them either
+        raise UnsupportedAttentionError(f"layer {layer.layer_id}: attention arguments {extra} are not supported "
+                                        "by the torch_native backend")
 
 
 class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
     def __init__(self, model_runner: ModelRunner):
         super().__init__(model_runner)
-        if self.use_sliding_window_kv_pool:
-            raise UnsupportedAttentionError("sliding-window KV pools are not supported")
-        self.kernel = _resolve_kernel(kernel_choice(), getattr(self.token_to_kv_pool, "dtype", None))
+        if self.use_sliding_window_kv_pool:  # stock torch_native reads its window layers with full-pool ids
+            raise UnsupportedAttentionError("sliding-window KV pools are not supported (docs/models.md)")
         self._checked_layers: set[int] = set()
+        self._stock_layers: set[int] = set()  # `stock_layer`
         self._step: DecodeStep | ExtendStep | None = None
         self._step_batch: ForwardBatch | None = None
         model = getattr(model_runner, "model", None)
-        if model is not None:
-            for module in model.modules():
-                if isinstance(module, RadixAttention):
-                    self._check_once(module)
+        layers = [m for m in model.modules() if isinstance(m, RadixAttention)] if model is not None else []
+        for layer in layers:
+            self._check_once(layer)
+        self.kernel = _resolve_kernel(kernel_choice(), getattr(self.token_to_kv_pool, "dtype", None),
+                                      getattr(model_runner, "dtype", None), layers)
         logger.info("superinfer cpu attention active (decode kernel: %s)", self.kernel)
 
     # ---- planning: once per forward pass ----
@@ -149,19 +161,20 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
     # ---- per layer ----
 
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kw):
+        _no_extra_args(layer, kw)
         step = self._current_step(forward_batch)
-        if not isinstance(step, DecodeStep):
+        if not isinstance(step, DecodeStep) or self._check_once(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache, step)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache=True, **kw):
+        _no_extra_args(layer, kw)
         step = self._current_step(forward_batch)
-        if step is None:
+        if step is None or self._check_once(layer):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache, step)
 
     def _attend(self, q, k, v, layer, forward_batch, save_kv_cache, step: DecodeStep | ExtendStep):
-        self._check_once(layer)
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
@@ -184,7 +197,7 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
         return o
 
     def _decode(self, q_, k_cache, v_cache, step: DecodeStep, scale: float, o_) -> None:
-        if step.torch_plan is None and native.supports(q_, k_cache):
+        if step.torch_plan is None and native.supports(q_, k_cache, v_cache):
             native.decode_attention(
                 q_, k_cache, v_cache, self.req_to_token_pool.req_to_token,
                 step.req_pool_indices, step.seq_lens, step.max_len, scale, o_,
@@ -195,19 +208,34 @@ class SuperInferCpuAttnBackend(_torch_native.TorchNativeAttnBackend):
             )
             paged.decode_attention(q_, k_cache, v_cache, plan, scale, o_)
 
-    def _check_once(self, layer: RadixAttention) -> None:
+    def _check_once(self, layer: RadixAttention) -> bool:
+        """`check_layer` (raises) once per layer; whether the stock code serves it (`stock_layer`)."""
         if layer.layer_id not in self._checked_layers:
             check_layer(layer)
             self._checked_layers.add(layer.layer_id)
+            if stock_layer(layer):
+                self._stock_layers.add(layer.layer_id)
+        return layer.layer_id in self._stock_layers
 
 
-def _resolve_kernel(choice: str, kv_dtype: torch.dtype | None) -> str:
-    """'native' (the C kernel) or 'torch' for decode; the C kernel needs float32/bfloat16 KV."""
+def _resolve_kernel(choice: str, kv_dtype: torch.dtype | None, model_dtype: torch.dtype | None = None,
+                    layers: list[RadixAttention] = ()) -> str:
+    """'native' (the C kernel) or 'torch' for decode, decided once: the C kernel needs float32 or
+    bfloat16 KV in the model's own dtype, and attention shapes within its buffers."""
     if choice == "torch":
         return "torch"
     why = None
+    wide = [layer.layer_id for layer in layers if not stock_layer(layer)
+            and (layer.qk_head_dim != layer.v_head_dim  # the kernel walks both pools with K's strides
+                 or not native.shape_supported(layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim,
+                                               layer.v_head_dim))]
     if kv_dtype not in native.SUPPORTED_DTYPES:
         why = f"KV cache dtype {kv_dtype} (the C kernel reads float32/bfloat16)"
+    elif model_dtype is not None and model_dtype != kv_dtype:
+        why = f"model dtype {model_dtype} with KV cache dtype {kv_dtype} (the C kernel reads them alike)"
+    elif wide:
+        why = (f"layer {wide[0]}'s shape (more than {native.MAX_GROUP} query heads per KV head, a head dim "
+               f"over {native.MAX_HEAD_DIM}, or K and V head dims that differ)")
     elif native.load() is None:
         why = "the C kernel could not be built"
     if why is None:

@@ -9,7 +9,8 @@ freezing uses); its results are bit-identical to F.linear's for bfloat16 (same o
 
 The packed copy is cached on the module, keyed by the weight's storage pointer, shape and
 version counter (in-place weight updates bump it), so reloaded weights are repacked on the next
-call. Cost: one extra copy of every packed weight in memory, capped: once the packed copies
+call; SGLang's online weight updates write through `param.data`, which does not bump it, so they
+drop the copies first (`drop_packed`, patches/packed_weights_refresh.py). Cost: one extra copy of every packed weight in memory, capped: once the packed copies
 would exceed SUPERINFER_CPU_PACK_BUDGET_MB (default: a quarter of physical RAM), further layers
 keep F.linear (same results, only slower). float32 is left alone: there F.linear runs MKL's
 sgemm, and oneDNN's float32 results differ in the last bits.
@@ -93,6 +94,19 @@ def packed(owner: object, weight: torch.Tensor) -> torch.Tensor | None:
     object.__setattr__(owner, _ATTR, (key, pack, size))  # plain attribute: not a parameter or buffer
     _packed_bytes += size - freed
     return pack
+
+
+def drop_packed(model: torch.nn.Module) -> int:
+    """Forget every packed copy cached on `model`'s modules (their weights are about to be
+    rewritten in place); the budget gets their bytes back. Returns how many were dropped."""
+    global _packed_bytes
+    dropped = 0
+    for module in model.modules():
+        cached = module.__dict__.pop(_ATTR, None)
+        if cached is not None:
+            _packed_bytes -= cached[2]
+            dropped += 1
+    return dropped
 
 
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

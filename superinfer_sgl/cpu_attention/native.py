@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -31,6 +32,10 @@ SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 _ENTRY = {torch.float32: "superinfer_paged_decode_f32", torch.bfloat16: "superinfer_paged_decode_bf16"}
+# The kernel's fixed per-thread buffers (csrc/paged_decode.c MAX_G, MAX_D): wider shapes take the
+# torch path (`supports`); the kernel itself returns -2 for them.
+MAX_GROUP = 32  # query heads per KV head
+MAX_HEAD_DIM = 256  # of K and of V
 _ERRORS = {-1: "query heads not a multiple of KV heads", -2: "group or head_dim too large", -3: "bad seq_lens or out of memory"}
 
 
@@ -41,6 +46,19 @@ class NativeKernelError(RuntimeError):
 def _cache_dir() -> Path:
     root = os.environ.get("SUPERINFER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "superinfer_sgl")
     return Path(root) / "cpu_attention"
+
+
+def _writable_cache_dir() -> Path:
+    """The cache folder, or one under the temp dir where it cannot be created or written (a
+    read-only home): the kernel is then built once per machine boot instead of not at all."""
+    for where in (_cache_dir(), Path(tempfile.gettempdir()) / f"superinfer_sgl-{os.getuid()}" / "cpu_attention"):
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(where, os.W_OK | os.X_OK):
+            return where
+    raise OSError(f"no writable folder for the compiled kernel (tried {_cache_dir()} and the temp dir)")
 
 
 def _cpu_flags() -> str:
@@ -54,8 +72,8 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _build_key(compiler: str, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> str:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+def _build_key(compiler: list[str], source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> str:
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h = hashlib.sha256()
     headers = [p.read_bytes().decode() for p in sorted(source.parent.glob("*.h"))]  # e.g. bf16.h
     for part in (source.read_bytes().decode(), *headers, " ".join(cflags), version, _cpu_flags()):
@@ -63,13 +81,13 @@ def _build_key(compiler: str, source: Path = SOURCE, cflags: tuple[str, ...] = C
     return h.hexdigest()[:16]
 
 
-def _build(compiler: str, target: Path, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> None:
+def _build(compiler: list[str], target: Path, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build to a private name, then rename: concurrent builders (TP ranks) never see a partial file.
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
     try:
-        cmd = [compiler, *cflags, "-o", str(partial), str(source), "-lm"]
+        cmd = [*compiler, *cflags, "-o", str(partial), str(source), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
         if proc.returncode != 0:
             raise OSError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -94,18 +112,35 @@ def _declare(lib: ctypes.CDLL) -> None:
         ]
 
 
+def _compiler() -> list[str] | None:
+    """The C compiler's command: $CC (split: it may carry a launcher or flags, "ccache gcc"), else gcc or cc."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    return shlex.split(cc) if cc and cc.strip() else None
+
+
+def cached_library(compiler: list[str], source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> Path:
+    """Where the library built from `source` with `cflags` by `compiler` is cached."""
+    return _writable_cache_dir() / f"{source.stem}-{_build_key(compiler, source, cflags)}.so"
+
+
 def build_and_load(source: Path, cflags: tuple[str, ...], declare, what: str) -> ctypes.CDLL | None:
     """Compile `source` (cached by content, flags, compiler and CPU), load it, declare its
     entry points; None (with a warning naming `what` falls back) if any step fails."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = _compiler()
     if compiler is None:
         logger.warning("superinfer cpu: no C compiler found; using %s", what)
         return None
     try:
-        target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source, cflags)}.so"
+        target = cached_library(compiler, source, cflags)
         if not target.exists():
             _build(compiler, target, source, cflags)
-        lib = ctypes.CDLL(str(target))
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as exc:  # a cached file that does not load (truncated, foreign): rebuilt once
+            logger.warning("superinfer cpu: cached %s does not load (%s); rebuilding it", target.name, exc)
+            target.unlink(missing_ok=True)
+            _build(compiler, target, source, cflags)
+            lib = ctypes.CDLL(str(target))
         declare(lib)
         return lib
     except (OSError, subprocess.SubprocessError, AttributeError) as exc:
@@ -119,11 +154,20 @@ def load() -> ctypes.CDLL | None:
     return build_and_load(SOURCE, CFLAGS, _declare, "the torch decode path")
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def shape_supported(q_heads: int, kv_heads: int, head_dim: int, v_head_dim: int) -> bool:
+    """Whether the kernel serves this attention shape (its per-thread buffers: MAX_GROUP, MAX_HEAD_DIM)."""
+    return (kv_heads > 0 and q_heads % kv_heads == 0 and q_heads // kv_heads <= MAX_GROUP
+            and head_dim <= MAX_HEAD_DIM and v_head_dim <= MAX_HEAD_DIM)
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether `decode_attention` takes these tensors (q: [B, Hq, D], the pools: [slots, Hkv, D / Dv])."""
     return (
         q.device.type == "cpu"
         and q.dtype in SUPPORTED_DTYPES
-        and k_cache.dtype == q.dtype
+        and k_cache.dtype == q.dtype == v_cache.dtype
+        and k_cache.stride()[:2] == v_cache.stride()[:2]  # the kernel walks both pools with K's strides
+        and shape_supported(q.shape[1], k_cache.shape[1], q.shape[2], v_cache.shape[2])
         and load() is not None
     )
 

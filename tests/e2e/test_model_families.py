@@ -11,8 +11,8 @@ and the KV byte check on (SUPERINFER_VERIFY_ROTATION=1), one short-lived server 
 - afterwards no request is rotary, running or queued and the host pool holds no block.
 
 gemma2 is the sliding-window family here: SGLang 0.5.23 keeps its KV in one MHATokenToKVPool and
-masks the window in attention. Our batched CPU attention refuses sliding-window layers, so gemma2 is
-served with SUPERINFER_CPU_ATTENTION=0 (SGLang's stock torch_native backend, which masks it).
+masks the window in attention. Our batched CPU attention hands its sliding-window layers to SGLang's
+stock torch_native code, which masks the window, and serves its full-attention layers itself.
 deepseek-v2 is the MLA family (one latent buffer per layer): rotations and the KV byte check as for
 the others, but no output comparison, because SGLang 0.5.23's MLA/MoE CPU path in float32 is not
 exact: the same request served alone twice can give different greedy ids, and they differ from
@@ -50,7 +50,7 @@ FAMILIES = {
     "qwen2": ("qwen2", {}, True),
     "mixtral": ("mixtral", {}, True),
     "qwen2-moe": ("qwen2_moe", {}, True),
-    "gemma2": ("gemma2", {"SUPERINFER_CPU_ATTENTION": "0"}, True),
+    "gemma2": ("gemma2", {}, True),
     "deepseek-v2": ("deepseek_v2", {}, False),  # MLATokenToKVPool
 }
 FLAGS = ["--dtype", "float32", "--max-total-tokens", "4096", "--chunked-prefill-size", "64",
