@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .host_memory import available_ram_bytes
 from .kv_geometry import model_kv_bytes_per_token
-from .launch_checks import LaunchError, flag_value
+from .launch_checks import LaunchError, flag_value, parallel_size
 
 # Share of available RAM the CPU KV pool may use by default, and a cap that keeps startup fast.
 CPU_KV_RAM_FRACTION = 0.10
@@ -34,13 +35,11 @@ def kv_bytes_per_token(model_path: str, dtype: str) -> int:
 
 
 def cpu_kv_budget_tokens(model_path: str, dtype: str) -> int:
-    import psutil
-
     try:
         per_token = kv_bytes_per_token(model_path, dtype)
     except (OSError, KeyError, ValueError):
         return 8192  # not a local folder we can read: a small, safe budget
-    budget = int(psutil.virtual_memory().available * CPU_KV_RAM_FRACTION) // per_token
+    budget = int(available_ram_bytes() * CPU_KV_RAM_FRACTION) // per_token
     return max(1024, min(CPU_KV_MAX_TOKENS, budget))
 
 
@@ -68,10 +67,7 @@ THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 def cpu_ranks(argv: list[str]) -> int:
     """Scheduler processes SGLang starts: dp x tp x pp (each binds its own cores on CPU)."""
-    n = 1
-    for flag in ("--dp-size", "--tp-size", "--pp-size"):
-        n *= int(flag_value(argv, flag) or 1)
-    return n
+    return parallel_size(argv, "dp") * parallel_size(argv, "tp") * parallel_size(argv, "pp")
 
 
 def numa_nodes() -> int:

@@ -16,12 +16,41 @@ def flag_given(argv: list[str], flag: str) -> bool:
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value `flag` takes in `argv`: its last occurrence, as argparse reads a repeated flag."""
+    found = None
     for i, a in enumerate(argv):
         if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+            found = argv[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+# SGLang's parallel sizes and their long aliases (sglang/srt/arg_groups/fields/parallel.py)
+PARALLEL_FLAGS = {"dp": ("--dp-size", "--data-parallel-size"), "tp": ("--tp-size", "--tensor-parallel-size"),
+                  "pp": ("--pp-size", "--pipeline-parallel-size")}
+
+
+def parallel_flag(argv: list[str], kind: str) -> tuple[str, str] | None:
+    """(flag, value) of the `kind` ("dp", "tp", "pp") parallel size given in `argv`, by either of
+    SGLang's spellings (the last one given wins, as in argparse); None when neither is given."""
+    last = None
+    for i, a in enumerate(argv):
+        for flag in PARALLEL_FLAGS[kind]:
+            if a == flag and i + 1 < len(argv):
+                last = (flag, argv[i + 1])
+            elif a.startswith(flag + "="):
+                last = (flag, a.split("=", 1)[1])
+    return last
+
+
+def parallel_size(argv: list[str], kind: str) -> int:
+    """The `kind` parallel size `argv` asks for (1 when not given or not a number: SGLang names that)."""
+    given = parallel_flag(argv, kind)
+    try:
+        return int(given[1]) if given else 1
+    except ValueError:
+        return 1
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -4,9 +4,11 @@ gateway (SMG, the `smg` package), on one machine.
 Each replica is `python -m superinfer_sgl.launch_server` on its own port, in its own process group
 (so one can be stopped, or killed, with everything it started); the gateway listens on `--port` and
 routes across them. Arguments this launcher does not know pass to every replica unchanged (model,
-SGLang and RotaSched options). Ctrl-C or SIGTERM stops the gateway and every replica; a replica that
-dies on its own is reported and the gateway keeps serving from the others (its health checks take
-the dead one out of rotation). On separate machines, run launch_server on each and `smg launch
+SGLang and RotaSched options, `--policy` included; a `--config` file is read here and written out as
+flags). On a GPU machine replica i gets the GPUs from `--base-gpu-id` i x (dp x tp x pp) on. Ctrl-C
+or SIGTERM stops the gateway and every replica; a replica that dies on its own is reported and the
+gateway keeps serving from the others (its health checks take the dead one out of rotation); when
+none is left the cluster exits with 1. On separate machines, run launch_server on each and `smg launch
 --worker-urls ...` in front (docs/deploy.md).
 """
 
@@ -26,13 +28,15 @@ from typing import IO
 
 import requests
 
-from .device_defaults import THREADS_BIND_ENV, parse_cpulist, replica_threads_binds
-from .launch_checks import LaunchError, check_port_free, flag_given, flag_value
+from .device_defaults import THREADS_BIND_ENV, cpu_ranks, has_cuda, parse_cpulist, replica_threads_binds
+from .launch_checks import LaunchError, check_port_free, flag_given, flag_value, parallel_flag
 
 logger = logging.getLogger("superinfer_sgl.cluster")
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1
+_LOCAL = requests.Session()
+_LOCAL.trust_env = False  # our own replicas and gateway: never through $HTTP_PROXY
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -47,9 +51,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="replica i listens on this + i (default: gateway port + 1)")
     p.add_argument("--replica-ports", default=None,
                    help="comma-separated replica ports, one per replica (overrides --replica-base-port)")
-    p.add_argument("--policy", default="cache_aware",
+    p.add_argument("--gateway-policy", default="cache_aware",
                    help="gateway routing policy (smg --policy: cache_aware, round_robin, power_of_two, "
-                        "least_load, ...; default cache_aware, smg's own)")
+                        "least_load, ...; default cache_aware, smg's own); --policy is the replicas' "
+                        "RotaSched policy")
     p.add_argument("--gateway-prometheus-port", type=int, default=None,
                    help="the gateway's own /metrics port (default: gateway port + 1000)")
     p.add_argument("--health-check-interval-secs", type=int, default=5,
@@ -58,7 +63,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="more smg options, one shell-quoted string, e.g. \"--max-concurrent-requests 64\"")
     p.add_argument("--log-dir", type=Path, default=None,
                    help="write replica-<i>.log and gateway.log here (default: all to this terminal)")
-    ns, rest = p.parse_known_args(argv)
+    from .launch_server import expand_config  # (a --config file's --port / --host are the gateway's too)
+
+    try:
+        ns, rest = p.parse_known_args(expand_config(argv))
+    except LaunchError as exc:
+        p.error(str(exc))
     if ns.replicas < 1:
         p.error("--replicas must be >= 1")
     if ns.replica_ports is not None:
@@ -71,9 +81,55 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     for flag in ("--port", "--host"):
         if flag_given(rest, flag):
             p.error(f"{flag} is the gateway's; replicas take --replica-base-port")
-    if flag_given(rest, "--dp-size") and flag_value(rest, "--dp-size") not in (None, "1"):
-        logger.warning("each replica runs its own --dp-size %s", flag_value(rest, "--dp-size"))
+    dp = parallel_flag(rest, "dp")
+    if dp is not None and dp[1] != "1":
+        logger.warning("each replica runs its own %s %s", *dp)
+    try:
+        ns.ports = replica_ports(ns)
+    except LaunchError as exc:
+        p.error(str(exc))
     return ns, rest
+
+
+def replica_ports(ns: argparse.Namespace) -> list[int]:
+    """The replicas' ports; every port of the cluster (the gateway's, its metrics port, the
+    replicas') distinct and valid, or LaunchError (one clash would otherwise fail the gateway
+    minutes later, after every replica has loaded)."""
+    base = ns.replica_base_port if ns.replica_base_port is not None else ns.port + 1
+    ports = ns.replica_ports or [base + i for i in range(ns.replicas)]
+    named = {"--port": [ns.port], "the gateway's metrics port": [prometheus_port(ns)], "a replica": ports}
+    every = [port for group in named.values() for port in group]
+    bad = [port for port in every if not 1 <= port <= 65535]
+    if bad:
+        raise LaunchError(f"ports must be 1..65535, got {bad[0]} ({', '.join(f'{k} {v}' for k, v in named.items())})")
+    if len(set(every)) != len(every):
+        raise LaunchError("two parts of the cluster would share a port: " + ", ".join(f"{k} {v}" for k, v in named.items()))
+    return ports
+
+
+def prometheus_port(ns: argparse.Namespace) -> int:
+    """The gateway's own /metrics port (smg binds it on every address)."""
+    return ns.gateway_prometheus_port if ns.gateway_prometheus_port is not None else ns.port + 1000
+
+
+def _url_host(host: str) -> str:
+    """A host as it goes in a URL (IPv6 literals in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def replica_gpus(replicas: int, args: list[str]) -> list[int] | None:
+    """On a GPU machine, each replica's first GPU (`--base-gpu-id`): replica i starts at i x its
+    ranks (dp x tp x pp), so replicas do not share GPUs; None on a CPU machine, or where the replicas'
+    arguments already name one (the user placed them). LaunchError when the GPUs are too few."""
+    if flag_given(args, "--base-gpu-id") or flag_value(args, "--device") not in (None, "cuda") or not has_cuda():
+        return None
+    import torch
+
+    per = cpu_ranks(args)  # (the same product: one GPU per rank)
+    if replicas * per > torch.cuda.device_count():
+        raise LaunchError(f"{replicas} replicas x {per} GPU(s) each need {replicas * per} GPUs, "
+                          f"{torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES)")
+    return [i * per for i in range(replicas)]
 
 
 def _die_with_parent() -> None:
@@ -88,9 +144,8 @@ def _die_with_parent() -> None:
 class Cluster:
     def __init__(self, ns: argparse.Namespace, replica_args: list[str]) -> None:
         self.ns, self.replica_args = ns, replica_args
-        base = ns.replica_base_port or ns.port + 1
-        self.ports = ns.replica_ports or [base + i for i in range(ns.replicas)]
-        self.prom_port = ns.gateway_prometheus_port or ns.port + 1000  # smg binds it on 0.0.0.0
+        self.ports = getattr(ns, "ports", None) or replica_ports(ns)
+        self.prom_port = prometheus_port(ns)
         self.replicas: list[subprocess.Popen] = []
         self.gateway: subprocess.Popen | None = None
         self.reported_dead: set[int] = set()
@@ -126,7 +181,7 @@ class Cluster:
         for port in [self.ns.port, *self.ports]:
             check_port_free(self.ns.host if port == self.ns.port else "127.0.0.1", port)
         try:  # else the gateway dies after the replicas have started
-            check_port_free("0.0.0.0", self.prom_port)
+            check_port_free("::" if ":" in self.ns.host else "0.0.0.0", self.prom_port)
         except LaunchError as exc:
             raise LaunchError(f"{exc} (the gateway's metrics port: --gateway-prometheus-port)") from None
         args = self.replica_args
@@ -139,9 +194,13 @@ class Cluster:
             except ModelPrepError as exc:
                 raise LaunchError(str(exc)) from exc
         binds = replica_threads_binds(len(self.ports), args)
+        gpus = replica_gpus(len(self.ports), args)
         for i, port in enumerate(self.ports):
             cmd = [sys.executable, "-m", "superinfer_sgl.launch_server", "--host", "127.0.0.1",
                    "--port", str(port), *args]
+            if gpus is not None:
+                cmd += ["--base-gpu-id", str(gpus[i])]
+                logger.info("replica-%d: GPUs from %d", i, gpus[i])
             env, cores = None, None
             if binds is not None:
                 # SGLang applies its binding only with its AMX/arm64 CPU kernels; the affinity and
@@ -153,13 +212,13 @@ class Cluster:
         self._wait_replicas()
         prom = self.prom_port
         cmd = [sys.executable, "-m", "smg.launch_router", "--host", self.ns.host, "--port", str(self.ns.port),
-               "--worker-urls", *self.worker_urls, "--policy", self.ns.policy,
+               "--worker-urls", *self.worker_urls, "--policy", self.ns.gateway_policy,
                "--prometheus-port", str(prom),
                "--health-check-interval-secs", str(self.ns.health_check_interval_secs),
                *shlex.split(self.ns.gateway_args)]
         self.gateway = self._spawn(cmd, "gateway")
         self._wait_gateway()
-        print(f"superinfer_sgl cluster ready: gateway http://{self.ns.host}:{self.ns.port} -> "
+        print(f"superinfer_sgl cluster ready: gateway http://{_url_host(self.ns.host)}:{self.ns.port} -> "
               + ", ".join(f"replica {i} {u} (pid {p.pid})" for i, (u, p) in
                           enumerate(zip(self.worker_urls, self.replicas))), flush=True)
 
@@ -183,7 +242,8 @@ class Cluster:
         """Until the gateway lists every replica as a healthy, ready worker (it registers them in
         the background after its own /health answers: requests before that get a 404)."""
         assert self.gateway is not None
-        url = f"http://{'127.0.0.1' if self.ns.host in ('0.0.0.0', '::') else self.ns.host}:{self.ns.port}"
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.ns.host, self.ns.host)
+        url = f"http://{_url_host(host)}:{self.ns.port}"
         deadline = time.monotonic() + 120
         while True:
             ready = _ready_workers(url)
@@ -196,7 +256,8 @@ class Cluster:
             time.sleep(0.5)
 
     def watch(self) -> int:
-        """Until a signal: report replicas that die; stop when the gateway dies (nothing serves)."""
+        """Until a signal: report replicas that die; stop when the gateway or the last replica dies
+        (nothing serves: a supervisor must hear of it)."""
         assert self.gateway is not None
         while True:
             for i, proc in enumerate(self.replicas):
@@ -205,6 +266,9 @@ class Cluster:
                     alive = sum(p.poll() is None for p in self.replicas)
                     logger.error("replica %d (%s) exited with %s; the gateway keeps routing to the %d left",
                                  i, self.worker_urls[i], proc.returncode, alive)
+                    if alive == 0:
+                        logger.error("no replica is left; stopping the gateway")
+                        return 1
             if self.gateway.poll() is not None:
                 logger.error("the gateway exited with %s; stopping the replicas", self.gateway.returncode)
                 return 1
@@ -244,7 +308,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 def _ready_workers(gateway_url: str) -> set[str]:
     """URLs of the workers the gateway reports healthy and ready (smg's GET /workers)."""
     try:
-        workers = requests.get(gateway_url + "/workers", timeout=10).json().get("workers", [])
+        workers = _LOCAL.get(gateway_url + "/workers", timeout=10).json().get("workers", [])
     except (requests.RequestException, ValueError):
         return set()
     return {w.get("url") for w in workers if w.get("is_healthy") and w.get("status") == "ready"}
@@ -252,7 +316,7 @@ def _ready_workers(gateway_url: str) -> set[str]:
 
 def _ok(url: str) -> bool:
     try:
-        return requests.get(url, timeout=30).status_code == 200
+        return _LOCAL.get(url, timeout=30).status_code == 200
     except requests.RequestException:
         return False
 

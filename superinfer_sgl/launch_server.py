@@ -8,6 +8,7 @@ SmolLM2-135M-Instruct model (on CPU when there is no CUDA).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import sys
@@ -19,7 +20,7 @@ from .child_watch import ChildWatch
 from .config import (CONFIG_ENV, ConfigError, SuperInferConfig, add_cli_args, check_prefix_cache, check_prefix_host,
                      check_rotary_kv_dtype, from_namespace)
 from .device_defaults import THREADS_BIND_ENV, DeviceDefaults, default_threads_bind, device_defaults
-from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value
+from .launch_checks import LaunchError, check_model_path, check_port_free, flag_given, flag_value, parallel_flag
 from .plugin import CPU_COMPAT_ENV
 
 logger = logging.getLogger("superinfer_sgl")
@@ -119,23 +120,40 @@ def apply_device_defaults(argv: list[str], defaults: DeviceDefaults) -> list[str
 
 
 def model_parallel_flags(argv: list[str]) -> dict[str, int]:
-    """The model-parallel sizes given on the command line (SGLang's flag and its alias), by flag."""
+    """The model-parallel sizes given on the command line (SGLang's flag or its alias), by flag."""
     out = {}
-    for flags in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size")):
-        for flag in flags:
-            value = flag_value(argv, flag)
-            if value is not None:
-                try:
-                    out[flag] = int(value)
-                except ValueError:
-                    pass  # SGLang's own parser names the bad value
-                break
+    for kind in ("tp", "pp"):
+        given = parallel_flag(argv, kind)
+        if given is not None:
+            try:
+                out[given[0]] = int(given[1])
+            except ValueError:
+                pass  # SGLang's own parser names the bad value
     return out
+
+
+def expand_config(argv: list[str]) -> list[str]:
+    """SGLang's `--config FILE.yaml` written out as flags, ours included, ahead of the command
+    line's (which win, as in SGLang's own merge): every check here and every default we add then
+    sees what the server will run with (a model path, a port, our options set in the file)."""
+    argv = [*itertools.chain.from_iterable(a.split("=", 1) if a.startswith("--config=") else (a,) for a in argv)]
+    if "--config" not in argv:
+        return argv
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_cli_args(parser)
+    ServerArgs.add_cli_args(parser)
+    try:
+        return ConfigArgumentMerger(parser).merge_config_with_args(argv)
+    except (ValueError, OSError) as exc:
+        raise LaunchError(f"--config: {exc}") from exc
 
 
 def prepare(argv: list[str]) -> tuple[SuperInferConfig, list[str]]:
     """Parse our options and build the argv for SGLang. Raises LaunchError/ConfigError."""
-    ns, rest = our_parser().parse_known_args(argv)
+    ns, rest = our_parser().parse_known_args(expand_config(argv))
     cfg = from_namespace(ns)
     check_rotary_kv_dtype(cfg, flag_value(rest, "--kv-cache-dtype"))
     check_prefix_cache(cfg, flag_value(rest, "--radix-eviction-policy"), flag_given(rest, "--disable-radix-cache"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from superinfer_sgl import host_memory
 from superinfer_sgl.duplexkv import quant, quant_int4
 
 
@@ -222,7 +223,7 @@ class HostKVPool:
         """Blocks that fit in `gb` GiB, or else in free_ram_fraction of the RAM available now
         (blocks of the format, fp8's scales included)."""
         fmt = _format_of(dtype, store_dtype, kv_format)
-        budget = gb * 2**30 if gb is not None else free_ram_fraction * available_ram_bytes()
+        budget = gb * 2**30 if gb is not None else free_ram_fraction * host_memory.available_ram_bytes()
         return max(1, int(budget // block_bytes(layers, kv_heads, head_dim, block_tokens, dtype, fmt)))
 
     @classmethod
@@ -247,7 +248,7 @@ class HostKVPool:
             raise ValueError("for_formats needs at least one format")
         for fmt in fmts:
             quant.host_dtype(fmt, dev.dtype)
-        total = gb * 2**30 if gb is not None else free_ram_fraction * available_ram_bytes()
+        total = gb * 2**30 if gb is not None else free_ram_fraction * host_memory.available_ram_bytes()
         share = total / len(fmts) / 2**30
         return {fmt: cls.for_device(dev, block_tokens, fmt, gb=share) for fmt in fmts}
 
@@ -278,18 +279,6 @@ def _format_of(dtype: torch.dtype, store_dtype: torch.dtype | None, kv_format: s
     if quant.is_quantized(store_dtype, dtype):
         return "fp8_e4m3"
     raise ValueError(f"host blocks store {dtype}, fp8 e4m3 or int4 (quantized; kv_format='int4'), not {store_dtype}")
-
-
-def available_ram_bytes() -> int:
-    """RAM available to new allocations now (psutil's `available`)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # psutil ships with SGLang; the bare GPU benchmark image may lack it
-        import os
-
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _pin(data: torch.Tensor) -> bool:

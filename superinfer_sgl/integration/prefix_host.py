@@ -56,7 +56,7 @@ def auto_host_tokens(pool_tokens: int, bytes_per_token: int, available_ram: int 
     RAM), within AUTO_RAM_FRACTION of the available RAM split among the node's `processes`
     (scheduler processes, e.g. --dp-size: each pins a tier of its own)."""
     if available_ram is None:
-        from ..duplexkv.host_pool import available_ram_bytes
+        from ..host_memory import available_ram_bytes
 
         available_ram = available_ram_bytes()
     share = int(AUTO_RAM_FRACTION * available_ram / max(1, processes))

@@ -13,7 +13,8 @@ from typing import Any
 from ..config import SuperInferConfig
 from ..duplexkv.engine import RotationEngine
 from ..duplexkv.by_format import EnginesByFormat
-from ..duplexkv.host_pool import HostKVPool, available_ram_bytes
+from ..duplexkv.host_pool import HostKVPool
+from ..host_memory import available_ram_bytes
 from ..duplexkv.link_probe import measure_link
 from .kv_adapter import UnsupportedKVPool, scheduler_pool_view
 from .runtime import RotaSchedRuntime

@@ -54,7 +54,7 @@ def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port, ports, prom = free_port(), [free_port(), free_port()], free_port()
     cmd = [sys.executable, "-m", "superinfer_sgl.launch_cluster", "--replicas", "2", "--port", str(port),
            "--replica-ports", ",".join(map(str, ports)), "--gateway-prometheus-port", str(prom),
-           "--policy", "round_robin", "--health-check-interval-secs", "1", "--log-dir", str(tmp / "logs"),
+           "--gateway-policy", "round_robin", "--health-check-interval-secs", "1", "--log-dir", str(tmp / "logs"),
            "--model-path", str(model_dir), *REPLICA_ARGS]
     out = tmp / "cluster.out"
     with open(out, "w") as f:

@@ -29,7 +29,7 @@ def test_renders_and_validates_for_n_replicas(n):
     for version in ("1.30.0", render.K8S_VERSION):
         assert render.validate(docs, version) == []
     by = {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
-    assert by["Deployment/superinfer-server"]["spec"]["replicas"] == n
+    assert "replicas" not in by["Deployment/superinfer-server"]["spec"]  # the autoscaler's (below)
     hpa = by["HorizontalPodAutoscaler/superinfer-server"]["spec"]
     assert hpa["minReplicas"] == n and hpa["maxReplicas"] >= n
     assert hpa["scaleTargetRef"]["name"] == "superinfer-server"
@@ -113,3 +113,26 @@ def test_autoscaler_and_adapter_read_series_the_server_exports():
 
 def test_autoscaling_can_be_switched_off():
     assert not any(k.startswith("HorizontalPodAutoscaler/") for k in _bundle(2, "autoscaling.enabled=false"))
+
+
+def test_probes_fit_what_sglang_answers():
+    """/health generates a token and answers after 1 s at the earliest (up to
+    SGLANG_HEALTH_CHECK_TIMEOUT, 20 s): probed with the kubelet's default 1 s timeout the pods never
+    became ready. Startup and readiness read /ready (immediate), liveness /health with room."""
+    from sglang.srt.entrypoints import http_server
+
+    c = _bundle(2)["Deployment/superinfer-server"]["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/ready" and c[probe].get("timeoutSeconds", 1) >= 2
+    live = c["livenessProbe"]
+    assert live["httpGet"]["path"] == "/health" and live["timeoutSeconds"] > http_server.HEALTH_CHECK_TIMEOUT
+    routes = {getattr(r, "path", None) for r in http_server.app.routes}
+    assert {"/ready", "/health"} <= routes
+
+
+def test_the_autoscaler_owns_the_replica_count():
+    """With the HPA on, an apply must not reset the Deployment's scale to `replicas`."""
+    on = _bundle(3)
+    assert "replicas" not in on["Deployment/superinfer-server"]["spec"]
+    assert on["HorizontalPodAutoscaler/superinfer-server"]["spec"]["minReplicas"] == 3
+    assert _bundle(3, "autoscaling.enabled=false")["Deployment/superinfer-server"]["spec"]["replicas"] == 3

@@ -421,11 +421,11 @@ def test_auto_splits_its_ram_share_among_the_nodes_scheduler_processes(monkeypat
 
     ram = int(400 * 100 / AUTO_RAM_FRACTION)
     assert auto_host_tokens(1000, 100, available_ram=ram, processes=4) == 100
-    from superinfer_sgl.duplexkv import host_pool
+    from superinfer_sgl import host_memory
 
     monkeypatch.setattr(startup, "local_schedulers", lambda sched: (4, 1))  # e.g. --dp-size 4
     per_token = 2 * 2 * 2 * 4 * 4  # the test pool: layers, K and V, heads, head_dim, float32
-    monkeypatch.setattr(host_pool, "available_ram_bytes", lambda: int(4 * 64 * per_token / AUTO_RAM_FRACTION))
+    monkeypatch.setattr(host_memory, "available_ram_bytes", lambda: int(4 * 64 * per_token / AUTO_RAM_FRACTION))
     cache = _cache(pool_tokens=120, host_tokens=prefix_cache.AUTO_HOST)
     assert _host(cache).store.budget == 64  # a quarter of the RAM share (256 tokens), not the device pool's 120
 
