@@ -42,11 +42,12 @@ def _registered() -> dict[str, list[HookType]]:
 
 def _fast_ops() -> dict[str, list[HookType]]:
     """The CPU op patches registered with the CPU attention (SUPERINFER_CPU_FAST_OPS=0: none)."""
-    from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu, rotary_forward_cpu,
-                                    silu_and_mul_cpu)
+    from superinfer_patches import (linear_packed_cpu, lm_head_packed_cpu, packed_weights_refresh, rmsnorm_cpu,
+                                    rotary_forward_cpu, silu_and_mul_cpu)
 
-    return {m.TARGET: [HookType.AROUND] for m in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu,
-                                                  rotary_forward_cpu, silu_and_mul_cpu)}
+    return {**{m.TARGET: [HookType.AROUND] for m in (linear_packed_cpu, lm_head_packed_cpu, rmsnorm_cpu,
+                                                     rotary_forward_cpu, silu_and_mul_cpu)},
+            packed_weights_refresh.TARGET: [HookType.AFTER]}  # the packed copies dropped on a weight update
 
 
 def _integration_targets(cfg: SuperInferConfig) -> list[str]:
