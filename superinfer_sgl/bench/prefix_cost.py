@@ -38,7 +38,7 @@ def measure(leaves: int, batch: int, depth: int, repeats: int) -> dict[str, floa
     p = ReusePredictor()
     now = [0.0]
     for i in range(leaves):
-        p.hit(i, float(i) * 1e-3, f"r{i}")
+        p.hit(i, float(i) * 1e-3)
     ranker = EvictionRanker(p, pool_tokens=leaves * 100)
     leaf_list = [Leaf(i, 100 + i % 500, 50) for i in range(leaves)]
 
@@ -46,7 +46,7 @@ def measure(leaves: int, batch: int, depth: int, repeats: int) -> dict[str, floa
         now[0] += 0.01
         for b in range(batch):
             for d in range(depth):
-                p.hit((b * 7919 + d) % leaves, now[0], ("q", now[0], b))
+                p.hit((b * 7919 + d) % leaves, now[0])
 
     def round_() -> None:
         now[0] += 0.01

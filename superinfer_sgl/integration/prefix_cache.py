@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..rotasched.prefix_reuse import EvictionRanker, Leaf, PredictorParams, ReusePredictor
+from ..rotasched.prefix_reuse import GHOST_TOKENS, EvictionRanker, Leaf, PredictorParams, ReusePredictor
 from .prefix_metrics import PREFIX_PUBLISH_S, prefix_cache_metrics
 
 if TYPE_CHECKING:
@@ -130,12 +130,39 @@ def _has_written(req: Any) -> bool:
     return bool(getattr(getattr(req, "kv", None), "cache_inserted_len", 0))
 
 
-def _end_depth(node: Any, root: Any) -> int:
-    depth = 0
-    while node is not None and node is not root:
-        depth += len(node.key) if node.key is not None else 0
+def _key_len(node: Any) -> int:
+    return len(node.key) if node.key is not None else 0
+
+
+def _end_depth(node: Any, root: Any, memo: dict[int, int] | None = None) -> int:
+    """Tokens from the root through `node`'s end; with `memo` (node id -> depth, for one round)
+    each node is walked once however many leaves share it (a deep conversation tree otherwise
+    costs a walk to the root per leaf)."""
+    path = []
+    while node is not None and node is not root and (memo is None or node.id not in memo):
+        path.append(node)
         node = node.parent
+    depth = memo[node.id] if memo is not None and node is not None and node is not root else 0
+    for n in reversed(path):
+        depth += _key_len(n)
+        if memo is not None:
+            memo[n.id] = depth
     return depth
+
+
+def _tokens(node: Any) -> tuple[int, ...] | None:
+    """A node's leading tokens (`prefix_reuse.GHOST_TOKENS`): what tells its ghost from another
+    prefix under the same parent and first page."""
+    key = getattr(node, "key", None)
+    if key is None:
+        return None
+    try:
+        return tuple(key.token_ids[:min(GHOST_TOKENS, len(key))])
+    except (AttributeError, TypeError):
+        return None
+
+
+COUNTED = "_superinfer_prefix_counted"  # on a request: the node ids its matches have counted
 
 
 def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: str = "auto",
@@ -186,21 +213,39 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         node, root, page = result.last_device_node, core.root_node, core.page_size
         if isinstance(node, int):  # the tree core's results carry NodeIds
             node = core._node_arena.get(node)
+        # A waiting request is matched again every time the scheduler tries it: each request
+        # counts once per node (the set lives and dies with the request).
+        counted = getattr(req, COUNTED, None)
+        if counted is None:
+            counted = set()
+            setattr(req, COUNTED, counted)
+        end = _end_depth(node, root)
         while node is not None and node is not root:
-            st.predictor.hit(node.id, now, req.rid, slo_class, ghost_key=_ghost_key(node, page))
+            length = _key_len(node)
+            if node.id not in counted:
+                counted.add(node.id)
+                st.predictor.hit(node.id, now, slo_class, ghost_key=_ghost_key(node, page), end_depth=end,
+                                 length=length, tokens=_tokens(node))
+            end -= length
             node = node.parent
         st.charge(start)
 
     def on_split(result: Any, core: Any, key: Any, child: Any, split_len: int, *args: Any, **kwargs: Any) -> None:
         st = _state(core)
         if st is not None:
+            start = time.perf_counter()
             head = result[0]  # now child's parent, holding the child's first split_len tokens
-            st.predictor.split(head.id, child.id, st.clock(), int(split_len), ghost_key=_ghost_key(head, core.page_size))
+            st.predictor.split(head.id, child.id, st.clock(), int(split_len), ghost_key=_ghost_key(head, core.page_size),
+                               child_end_depth=_end_depth(child, core.root_node), child_length=_key_len(child),
+                               tokens=_tokens(head))
+            st.charge(start)
 
     def on_unregister(core: Any, node: Any, *args: Any, **kwargs: Any) -> None:
         st = _state(core)
         if st is not None:
-            st.predictor.forget(node.id, st.clock(), _ghost_key(node, core.page_size))
+            start = time.perf_counter()
+            st.predictor.forget(node.id, st.clock(), _ghost_key(node, core.page_size), _tokens(node))
+            st.charge(start)
             if st.host is not None:  # dropped, not demoted: the entries hanging under it go
                 dropped = st.host.store.dropped
                 st.host.store.node_left(node.id)
@@ -255,8 +300,10 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         root = core.root_node
         # In node-id order: SGLang's leaf set iterates in memory-address order, which would make
         # the pin set's ties (and so a run) differ from process to process.
-        page = core.page_size
-        leaves = [Leaf(n.id, _end_depth(n, root), len(n.key) if n.key is not None else 0, _ghost_key(n, page))
+        page, known, memo = core.page_size, st.predictor.nodes, {}
+        # ghost keys only for nodes the predictor has not seen (the others' are never read)
+        leaves = [Leaf(n.id, _end_depth(n, root, memo), _key_len(n),
+                       *((None, None) if n.id in known else (_ghost_key(n, page), _tokens(n))))
                   for n in sorted(core.evictable_device_leaves, key=lambda n: n.id)]
         st.ranker.begin_round(leaves, st.clock())
         st.charge(start)

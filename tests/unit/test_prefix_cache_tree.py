@@ -103,7 +103,7 @@ def test_hits_splits_and_ghosts_follow_the_tree(monkeypatch: pytest.MonkeyPatch)
     assert _serve(cache, SYSTEM + [9], "c") == len(SYSTEM)
     root = cache.tree_core.root_node
     head = next(iter(root.children.values()))
-    assert len(head.key) == len(SYSTEM) and p.nodes[head.id].distinct >= 2
+    assert len(head.key) == len(SYSTEM) and p.nodes[head.id].hits >= 2
     _serve(cache, SYSTEM + [9], "c")  # the same request again: no new hit
     hits = p.nodes[head.id].hits
     assert _matched(cache, SYSTEM) == len(SYSTEM) and p.nodes[head.id].hits == hits  # no request, no hit
@@ -192,3 +192,83 @@ def test_a_flush_drops_the_old_trees_records(monkeypatch: pytest.MonkeyPatch) ->
     assert not state.predictor.nodes and not state.predictor.ghosts and not state.ranker.pinned
     assert state.predictor.weights == weights  # what it learned stays
     assert _serve(cache, SYSTEM + [1], "d") == 0 and state.predictor.nodes is not None
+
+
+# ---- found by a review of the predictor (2026-12-03); each fails on the code before it ----
+
+
+def _match(cache: Any, ids: list[int], req: Any) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache.match_prefix(MatchPrefixParams(key=RadixKey(list(ids)), req=req))
+
+
+def test_waiting_requests_matched_every_step_count_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six waiting requests re-matched for 50 steps are six hits (a window of four recent
+    requesters per node counted 300)."""
+    cache = _cache(monkeypatch, predictive=True)
+    p = cache.tree_core._superinfer_prefix.predictor
+    _serve(cache, SYSTEM + [1], "writer")
+    waiting = [_req(f"w{i}") for i in range(6)]
+    for _ in range(50):
+        for req in waiting:
+            _match(cache, SYSTEM + [2], req)
+    head = next(iter(cache.tree_core.root_node.children.values()))
+    assert p.nodes[head.id].hits == 6
+
+
+def test_hits_and_splits_record_the_nodes_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Depth and length came only from eviction rounds: a node known by its hits had 0 / 0, and a
+    split head took the split length as its depth."""
+    cache = _cache(monkeypatch, predictive=True)
+    p = cache.tree_core._superinfer_prefix.predictor
+    _serve(cache, [1, 2] + SYSTEM + [3, 4, 5], "a")
+    _serve(cache, [1, 2] + SYSTEM + [3, 4, 5], "b")  # an exact hit on the 25-token node
+    node = next(iter(cache.tree_core.root_node.children.values()))
+    assert (p.nodes[node.id].end_depth, p.nodes[node.id].length) == (25, 25)
+    _serve(cache, [1, 2, 7], "c")  # splits it after two tokens
+    head = next(iter(cache.tree_core.root_node.children.values()))
+    tail = next(c for c in head.children.values() if c.id == node.id)
+    assert (p.nodes[head.id].end_depth, p.nodes[head.id].length) == (2, 2)
+    assert (p.nodes[tail.id].end_depth, p.nodes[tail.id].length) == (25, 23)
+
+
+def test_a_prefix_that_shares_only_a_first_token_does_not_inherit_a_ghost(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache = _cache(monkeypatch, predictive=True)
+    p = cache.tree_core._superinfer_prefix.predictor
+    a = [5] + list(range(100, 130))
+    for i in range(4):
+        _serve(cache, a, f"a{i}")
+    cache.evict(EvictParams(num_tokens=cache.evictable_size()))
+    assert len(p.ghosts) == 1
+    updates = p.updates
+    _serve(cache, [5] + list(range(900, 930)), "b")
+    _serve(cache, [5] + list(range(900, 930)), "b2")
+    b = next(iter(cache.tree_core.root_node.children.values()))
+    assert p.nodes[b.id].hits == 1 and len(p.ghosts) == 1  # its own history; A's ghost still waits
+    assert p.updates == updates  # nothing learned from A's sample
+
+
+def test_an_eviction_round_reads_each_leafs_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round's depths (one walk per node, shared by the leaves under it) equal a walk from
+    each leaf to the root, on a deep conversation-like tree."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    from superinfer_sgl.integration.prefix_cache import _end_depth
+
+    cache = _cache(monkeypatch, predictive=True, pool=2000)
+    p = cache.tree_core._superinfer_prefix.predictor
+    for conv in range(5):
+        turns = [conv * 1000]
+        for t in range(6):
+            turns = turns + [conv * 1000 + 10 * t + k for k in range(1, 8)]
+            _serve(cache, turns + [9999 - t], f"c{conv}t{t}")
+    root = cache.tree_core.root_node
+    leaves = list(cache.tree_core.evictable_device_leaves)
+    cache.evict(EvictParams(num_tokens=1))
+    for leaf in leaves:
+        if leaf.id in p.nodes:
+            assert p.nodes[leaf.id].end_depth == _end_depth(leaf, root)

@@ -40,12 +40,12 @@ def _store(budget: int = 100, unit: int = 1, min_score: float = 0.3, cold: bool 
 
 def _hot(hits: int, now: float) -> NodeStats:
     """A history the predictor scores high at `now` (hit often and recently)."""
-    return NodeStats(created=0.0, end_depth=50, length=50, hits=hits, distinct=hits, last_hit=now, gap=1.0,
+    return NodeStats(created=0.0, end_depth=50, length=50, hits=hits, last_hit=now, gap=1.0,
                      slo_weight=1.0)
 
 
 def _cold() -> NodeStats:
-    return NodeStats(created=0.0, end_depth=10, length=10, hits=0, distinct=0, last_hit=None)
+    return NodeStats(created=0.0, end_depth=10, length=10, hits=0, last_hit=None)
 
 
 def _demote(s: HostPrefixStore, h: Handles, key: tuple, node: int, tokens: int, score: float, now: float = 10.0,
@@ -225,7 +225,7 @@ def test_min_score_bounds(score: float) -> None:
 
 def test_before_any_gap_was_seen_a_hit_node_is_demoted_whatever_its_score() -> None:
     s, h = _store(budget=400, min_score=0.5, cold=True)
-    hit_once = NodeStats(created=0.0, end_depth=160, length=160, hits=1, distinct=1, last_hit=0.0)
+    hit_once = NodeStats(created=0.0, end_depth=160, length=160, hits=1, last_hit=0.0)
     assert s.predictor.global_gap is None  # a quiet server: the horizon is a floor value
     assert _demote(s, h, (1, "sys"), 10, 160, 0.01, 30.0, hit_once) is not None
     assert _demote(s, h, (1, "once"), 11, 20, 0.01, 30.0, _cold()) is None  # never hit: dropped
@@ -238,7 +238,7 @@ def test_during_the_cold_start_host_entries_rank_by_hits() -> None:
     s, h = _store(budget=320, min_score=0.5, cold=True)
 
     def hit(n: int) -> NodeStats:
-        return NodeStats(created=0.0, end_depth=160, length=160, hits=n, distinct=n, last_hit=0.0)
+        return NodeStats(created=0.0, end_depth=160, length=160, hits=n, last_hit=0.0)
 
     once = _demote(s, h, (1, "a"), 10, 160, 0.9, 1.0, hit(1))
     thrice = _demote(s, h, (1, "b"), 11, 160, 0.0, 2.0, hit(3))  # its P is ignored while cold
