@@ -8,7 +8,7 @@ SGLang and RotaSched options, `--policy` included; a `--config` file is read her
 flags). On a GPU machine replica i gets the GPUs from `--base-gpu-id` i x (dp x tp x pp) on. Ctrl-C
 or SIGTERM stops the gateway and every replica; a replica that dies on its own is reported and the
 gateway keeps serving from the others (its health checks take the dead one out of rotation); when
-none is left the cluster exits with 1. On separate machines, run launch_server on each and `smg launch
+none is left the cluster exits with 1. SIGHUP (its terminal closed) stops everything as SIGTERM does. On separate machines, run launch_server on each and `smg launch
 --worker-urls ...` in front (docs/deploy.md).
 """
 
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt  # unwinds start() or watch() into the finally below
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # its terminal closed: stop everything as for Ctrl-C
     try:
         cluster.start()
         return cluster.watch()
@@ -342,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         cluster.stop()
 
 

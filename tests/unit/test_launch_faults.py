@@ -108,3 +108,25 @@ def test_a_config_file_is_read_before_our_checks(tmp_path) -> None:
         launch_server.expand_config(["--config", str(tmp_path / "missing.yaml")])
     ns, rest = lc.parse(["--config", str(cfg)])  # in a cluster the file's port is the gateway's
     assert ns.port == 31555 and "--config" not in rest and flag_value(rest, "--model-path") == "/nonexistent/model"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_closed_terminal_stops_the_cluster_as_sigterm_does(monkeypatch: pytest.MonkeyPatch, sig: str) -> None:
+    """SIGHUP (the launcher's terminal closed) ended it without its cleanup: replicas were left to
+    PR_SET_PDEATHSIG's SIGTERM with no SIGKILL after it."""
+    import os
+    import signal
+    import time
+
+    stopped = []
+    monkeypatch.setattr(lc.Cluster, "start", lambda self: time.sleep(30))
+    monkeypatch.setattr(lc.Cluster, "stop", lambda self: stopped.append(True))
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), getattr(signal, sig)))
+    timer.start()
+    try:
+        assert lc.main([]) == 0 and stopped == [True]
+    finally:
+        timer.cancel()
+        for s, handler in saved.items():
+            signal.signal(s, handler)
