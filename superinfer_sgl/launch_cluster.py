@@ -5,11 +5,11 @@ Each replica is `python -m superinfer_sgl.launch_server` on its own port, in its
 (so one can be stopped, or killed, with everything it started); the gateway listens on `--port` and
 routes across them. Arguments this launcher does not know pass to every replica unchanged (model,
 SGLang and RotaSched options, `--policy` included; a `--config` file is read here and written out as
-flags). On a GPU machine replica i gets the GPUs from `--base-gpu-id` i x (dp x tp x pp) on. Ctrl-C
-or SIGTERM stops the gateway and every replica; a replica that dies on its own is reported and the
-gateway keeps serving from the others (its health checks take the dead one out of rotation); when
-none is left the cluster exits with 1. SIGHUP (its terminal closed) stops everything as SIGTERM does. On separate machines, run launch_server on each and `smg launch
---worker-urls ...` in front (docs/deploy.md).
+flags). On a GPU machine replica i gets the GPUs from `--base-gpu-id` i x (dp x tp x pp) on. Ctrl-C,
+SIGTERM or SIGHUP (its terminal closed) stops the gateway and every replica; a replica that dies on
+its own is reported and the gateway keeps serving from the others (its health checks take the dead
+one out of rotation); when none is left the cluster exits with 1. On separate machines, run
+launch_server on each and `smg launch --worker-urls ...` in front (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def replica_ports(ns: argparse.Namespace) -> list[int]:
     if bad:
         raise LaunchError(f"ports must be 1..65535, got {bad[0]} ({', '.join(f'{k} {v}' for k, v in named.items())})")
     if len(set(every)) != len(every):
-        raise LaunchError("two parts of the cluster would share a port: " + ", ".join(f"{k} {v}" for k, v in named.items()))
+        raise LaunchError("two parts of the cluster would share a port: "
+                          + ", ".join(f"{k} {v}" for k, v in named.items()))
     return ports
 
 

@@ -72,7 +72,8 @@ def check_layer(layer: RadixAttention) -> None:
     """Raise for an attention feature that neither this backend nor stock torch_native computes
     (stock would silently leave it out)."""
     if layer.logit_cap and layer.logit_cap > 0:
-        raise UnsupportedAttentionError(f"layer {layer.layer_id}: logit soft-capping ({layer.logit_cap}) is not supported")
+        raise UnsupportedAttentionError(
+            f"layer {layer.layer_id}: logit soft-capping ({layer.logit_cap}) is not supported")
 
 
 def stock_layer(layer: RadixAttention) -> bool:

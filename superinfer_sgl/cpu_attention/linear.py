@@ -10,9 +10,10 @@ freezing uses); its results are bit-identical to F.linear's for bfloat16 (same o
 The packed copy is cached on the module, keyed by the weight's storage pointer, shape and
 version counter (in-place weight updates bump it), so reloaded weights are repacked on the next
 call; SGLang's online weight updates write through `param.data`, which does not bump it, so they
-drop the copies first (`drop_packed`, patches/packed_weights_refresh.py). Cost: one extra copy of every packed weight in memory, capped: once the packed copies
-would exceed SUPERINFER_CPU_PACK_BUDGET_MB (default: a quarter of physical RAM), further layers
-keep F.linear (same results, only slower). float32 is left alone: there F.linear runs MKL's
+drop the copies first (`drop_packed`, patches/packed_weights_refresh.py). Cost: one extra copy of
+every packed weight in memory, capped: once the packed copies would exceed
+SUPERINFER_CPU_PACK_BUDGET_MB (default: a quarter of physical RAM), further layers keep F.linear
+(same results, only slower). float32 is left alone: there F.linear runs MKL's
 sgemm, and oneDNN's float32 results differ in the last bits.
 """
 

@@ -235,8 +235,8 @@ def hooks(prefix_cache: str, pin_share: float, host_tokens: int = 0, transfer: s
         if st is not None:
             start = time.perf_counter()
             head = result[0]  # now child's parent, holding the child's first split_len tokens
-            st.predictor.split(head.id, child.id, st.clock(), int(split_len), ghost_key=_ghost_key(head, core.page_size),
-                               child_end_depth=_end_depth(child, core.root_node), child_length=_key_len(child),
+            st.predictor.split(head.id, child.id, st.clock(), int(split_len),
+                               ghost_key=_ghost_key(head, core.page_size), child_end_depth=_end_depth(child, core.root_node), child_length=_key_len(child),
                                tokens=_tokens(head))
             st.charge(start)
 

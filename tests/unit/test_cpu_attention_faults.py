@@ -113,7 +113,8 @@ def test_c_kernel_limits_are_the_ones_supports_uses() -> None:
         assert native.shape_supported(hq, 1, d, d) is ok
         rc = lib.superinfer_paged_decode_f32(
             q.data_ptr(), q.stride(0), q.stride(1), kv.data_ptr(), kv.data_ptr(), kv.stride(0), kv.stride(1),
-            r2t.data_ptr(), r2t.stride(0), rows.data_ptr(), lens.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1),
+            r2t.data_ptr(), r2t.stride(0), rows.data_ptr(), lens.data_ptr(),
+            out.data_ptr(), out.stride(0), out.stride(1),
             1, hq, 1, d, d, 0.1, 4, 1)  # fmt: skip
         assert (rc == 0) is ok, (hq, d, rc)
 
