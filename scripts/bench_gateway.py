@@ -112,7 +112,7 @@ def start_cluster(n: int, args: argparse.Namespace, log_dir: Path) -> tuple[subp
     ports = [free_port() for _ in range(n)]
     cmd = [sys.executable, "-m", "superinfer_sgl.launch_cluster", "--replicas", str(n), "--port", str(port),
            "--replica-ports", ",".join(map(str, ports)), "--gateway-prometheus-port", str(free_port()),
-           "--policy", args.policy, "--log-dir", str(log_dir / f"replicas{n}"), *args.server_args]
+           "--gateway-policy", args.policy, "--log-dir", str(log_dir / f"replicas{n}"), *args.server_args]
     out = open(log_dir / f"cluster{n}.out", "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.time() + 900
@@ -180,7 +180,7 @@ def main() -> int:
     p.add_argument("--output-tokens", type=int, default=48)
     p.add_argument("--ttft-slo-ms", type=float, default=2000)
     p.add_argument("--tbt-slo-ms", type=float, default=310)
-    p.add_argument("--policy", default="round_robin")
+    p.add_argument("--policy", default="round_robin", help="the gateway's routing policy (launch_cluster --gateway-policy)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("server_args", nargs="*", default=[],
